@@ -1,0 +1,46 @@
+# PILOT — the two commands: `make run` and `make test`.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PYTHON ?= python3
+
+.PHONY: run test test-sqlite test-main lint check clean
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt $(VENV)/.installed
+	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements-dev.txt
+	touch $@
+
+## run: web server, worker and dispatcher on SQLite with the ORM broker (Ctrl-C stops all)
+run: $(VENV)/.installed
+	bin/run-local
+
+## test: the whole suite. Always on SQLite; then, when DATABASE_URL points at
+## PostgreSQL (and REDIS_URL at Redis), everything again there, including the
+## races and real-process tests that only PostgreSQL can prove.
+test: $(VENV)/.installed-dev lint check test-sqlite test-main
+
+test-sqlite: $(VENV)/.installed-dev
+	env -u DATABASE_URL -u REDIS_URL -u PILOT_REQUIRE_POSTGRES \
+		$(PY) -m pytest -m "not postgres and not redis" -q
+
+test-main: $(VENV)/.installed-dev
+	@case "$$DATABASE_URL" in \
+	  postgres*) $(PY) -m pytest -q ;; \
+	  *) echo "DATABASE_URL is not PostgreSQL: PostgreSQL/Redis tests not run (CI runs them)";; \
+	esac
+
+lint: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check .
+
+check: $(VENV)/.installed-dev
+	env -u DATABASE_URL DJANGO_SECRET_KEY=check-only-secret-key-0123456789abcdef \
+		$(PY) manage.py makemigrations --check --dry-run
+	env -u DATABASE_URL DJANGO_SECRET_KEY=check-only-secret-key-0123456789abcdef \
+		$(PY) manage.py check
+
+clean:
+	rm -rf $(VENV) db.sqlite3 db.sqlite3-wal db.sqlite3-shm staticfiles

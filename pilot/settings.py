@@ -1,0 +1,190 @@
+"""PILOT settings, read from the environment (SPEC §13: the names are a contract).
+
+A local run needs nothing set except `DJANGO_DEBUG=true` (which `make run` sets);
+a production deployment sets `DJANGO_SECRET_KEY`, `DATABASE_URL` (PostgreSQL)
+and usually `REDIS_URL`.
+"""
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from pilot.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+
+_secret = env_str("DJANGO_SECRET_KEY")
+if not _secret:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY must be set (or DJANGO_DEBUG=true for a local run)"
+        )
+    # Only ever used with DEBUG on: a local run must not need a secret.
+    _secret = "django-insecure-local-development-key-do-not-use-in-production"
+SECRET_KEY = _secret
+
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_q",
+    "workflows",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "pilot.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "pilot.wsgi.application"
+ASGI_APPLICATION = "pilot.asgi.application"
+
+# --- database -------------------------------------------------------------------
+
+DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}")
+try:
+    _db = dj_database_url.parse(DATABASE_URL)
+except ValueError as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
+
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # IMMEDIATE takes the write lock at BEGIN, so two writers queue on the busy
+    # timeout instead of deadlocking on a read-to-write upgrade ("database is
+    # locked"). WAL lets readers run beside the single writer.
+    _db["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": env_float("PILOT_SQLITE_TIMEOUT", 30.0, minimum=1),
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    _db["CONN_MAX_AGE"] = 0
+elif _db["ENGINE"] == "django.db.backends.postgresql":
+    _db.setdefault("OPTIONS", {})
+    _db["OPTIONS"].setdefault("connect_timeout", env_int("PILOT_DB_CONNECT_TIMEOUT", 5, minimum=1))
+    # Persistent connections, checked before reuse so a restarted server costs a
+    # reconnect, not an error.
+    _db["CONN_MAX_AGE"] = env_int("PILOT_CONN_MAX_AGE", 60, minimum=0)
+    _db["CONN_HEALTH_CHECKS"] = True
+else:
+    raise ImproperlyConfigured(
+        f"DATABASE_URL must be sqlite:// or postgres:// (got engine {_db['ENGINE']})"
+    )
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- auth, i18n, static ---------------------------------------------------------
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+# --- REST framework -------------------------------------------------------------
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+}
+
+# --- PILOT ------------------------------------------------------------------------
+
+PILOT_LEASE_SECONDS = env_float("PILOT_LEASE_SECONDS", 60.0, minimum=0.5)
+# How often ctx.heartbeat() really writes; it is cheap to call more often.
+PILOT_HEARTBEAT_SECONDS = env_float(
+    "PILOT_HEARTBEAT_SECONDS", min(5.0, PILOT_LEASE_SECONDS / 3), minimum=0.1
+)
+PILOT_DISPATCHER_POLL_SECONDS = env_float("PILOT_DISPATCHER_POLL_SECONDS", 1.0, minimum=0.05)
+# A pending task unclaimed this long is enqueued again (its message may be lost).
+PILOT_REENQUEUE_SECONDS = env_float("PILOT_REENQUEUE_SECONDS", 10.0, minimum=0.5)
+PILOT_Q_WORKERS = env_int("PILOT_Q_WORKERS", 2, minimum=1)
+PILOT_MAX_PAYLOAD_BYTES = env_int("PILOT_MAX_PAYLOAD_BYTES", 262144, minimum=2)
+PILOT_TRIGGER_RATE = env_str("PILOT_TRIGGER_RATE", "6000/min")
+# Longest a single django-q2 delivery may run before its worker is killed; the
+# lease and checkpoints make the kill safe, the next attempt resumes.
+PILOT_TASK_TIMEOUT = env_int("PILOT_TASK_TIMEOUT", 1800, minimum=1)
+
+# --- django-q2 ------------------------------------------------------------------
+# Its defaults retry forever and redeliver a still-running task after `retry`
+# seconds. PILOT's own claim, lease and dispatcher are the source of truth, so a
+# redelivered message must be, and is, harmless: `retry` > `timeout`, one
+# attempt, failures acknowledged, and no result rows (the Task table is the
+# record). The `pilot.E00x` system checks refuse a configuration that breaks this.
+
+REDIS_URL = env_str("REDIS_URL")
+
+Q_CLUSTER = {
+    "name": env_str("PILOT_Q_CLUSTER_NAME", "pilot"),
+    "workers": PILOT_Q_WORKERS,
+    "timeout": PILOT_TASK_TIMEOUT,
+    "retry": PILOT_TASK_TIMEOUT + 60,
+    "max_attempts": 1,
+    "ack_failures": True,
+    "save_limit": -1,
+    "catch_up": False,
+    "recycle": 500,
+    "poll": 0.1,
+    "label": "Django Q",
+}
+if REDIS_URL:
+    Q_CLUSTER["redis"] = REDIS_URL
+else:
+    Q_CLUSTER["orm"] = "default"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+    },
+    "root": {"handlers": ["console"], "level": env_str("PILOT_LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django-q": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+    },
+}

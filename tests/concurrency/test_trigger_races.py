@@ -1,0 +1,76 @@
+"""Identical triggers at the same instant, on PostgreSQL, with real threads and
+separate connections: the unique constraint and row locks must make exactly one
+task, one enqueue, N-1 replays, and no error."""
+
+import pytest
+
+from tests.helpers import purge_queue, queued_task_ids, run_at_once
+from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
+from workflows.errors import IdempotencyKeyReused
+from workflows.models import Task
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+N = 200
+ROUNDS = 10
+
+
+def test_identical_triggers_create_one_task_one_enqueue_and_n_minus_1_replays(
+        owner, enough_connections):
+    for round_no in range(ROUNDS):
+        key = f"storm-{round_no}"
+        results = run_at_once(N, lambda i, key=key, payload={"round": round_no}: task_trigger(
+            owner=owner, key=key, workflow="demo.echo", payload=payload))
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert errors == []
+        outcomes = [r.outcome for r in results]
+        assert outcomes.count("created") == 1
+        assert outcomes.count("replayed") == N - 1
+        assert len({r.task.pk for r in results}) == 1
+        task = Task.objects.get(idempotency_key=key)
+        assert task.replays == N - 1
+        assert queued_task_ids().count(str(task.pk)) == 1
+    assert Task.objects.count() == ROUNDS
+    assert len(queued_task_ids()) == ROUNDS
+
+
+def test_same_key_different_payloads_racing_make_one_task_and_refuse_the_rest(
+        owner, enough_connections):
+    for round_no in range(ROUNDS):
+        key = f"mixed-{round_no}"
+        results = run_at_once(N, lambda i, key=key: task_trigger(
+            owner=owner, key=key, workflow="demo.echo", payload={"variant": i % 4}))
+        unexpected = [r for r in results
+                      if isinstance(r, BaseException) and not isinstance(r, IdempotencyKeyReused)]
+        assert unexpected == []
+        task = Task.objects.get(idempotency_key=key)
+        winners = [r for r in results if not isinstance(r, BaseException)]
+        assert all(r.task.pk == task.pk for r in winners)
+        assert [r.outcome for r in winners].count("created") == 1
+        # Everyone with the winner's payload replayed; everyone else was refused.
+        same = [i for i in range(N) if {"variant": i % 4} == task.payload]
+        assert len(winners) == len(same)
+        assert task.replays == len(same) - 1
+    assert len(queued_task_ids()) == ROUNDS
+
+
+def test_overlapping_batches_racing_do_not_deadlock_or_duplicate(owner, enough_connections):
+    keys = [f"b-{i}" for i in range(300)]
+
+    def batch(i):
+        # Each thread sends the keys in its own order, repeated keys included.
+        rotated = keys[i * 7 % len(keys):] + keys[:i * 7 % len(keys)]
+        return task_trigger_many(owner=owner, requests=[
+            TriggerRequest("demo.echo", {"k": k}, k) for k in rotated[:150]])
+
+    for _ in range(3):
+        Task.objects.all().delete()
+        purge_queue()
+        results = run_at_once(40, batch)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert errors == []
+        created = sum(1 for items in results for r in items if r.outcome == "created")
+        tasks = Task.objects.count()
+        assert created == tasks
+        assert len(queued_task_ids()) == tasks
+        assert sum(Task.objects.values_list("replays", flat=True)) == 40 * 150 - tasks

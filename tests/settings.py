@@ -1,0 +1,22 @@
+"""Settings for the test run: production settings plus test-only defaults.
+
+Tests run with DEBUG off, like production; only the secret key and the queue
+name get defaults here (the queue name keeps the suite's messages apart from a
+local `make run` on the same broker). Everything else comes from the
+environment exactly as in production, so DATABASE_URL and REDIS_URL decide
+which servers the suite talks to.
+"""
+
+import os
+
+os.environ.setdefault("DJANGO_SECRET_KEY", "test-only-secret-key-not-for-production-0123456789")
+os.environ.setdefault("PILOT_Q_CLUSTER_NAME", "pilot-test")
+
+from pilot.settings import *  # noqa: E402,F403
+
+# Test users are created by the hundred; production-strength hashing would make
+# each one cost ~0.2 s of CPU and prove nothing.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# Quiet by default; tests that check log lines raise the level with caplog.
+LOGGING["root"]["level"] = "WARNING"  # noqa: F405

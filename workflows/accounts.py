@@ -1,0 +1,47 @@
+"""Services for the people and systems that use PILOT: API clients, local admin."""
+
+from __future__ import annotations
+
+import secrets
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.db import transaction
+from rest_framework.authtoken.models import Token
+
+
+def api_client_create(name: str, *, rotate: bool = False) -> tuple[object, str | None]:
+    """Ensure an upstream client: a user without a password, with the trigger
+    permission (`workflows.add_task`) and a DRF token.
+
+    Returns (user, token_key). token_key is the new token when one was created
+    (first call, or `rotate=True`, which invalidates the old one at once), and
+    None when the existing token was kept: tokens are shown once."""
+    User = get_user_model()
+    with transaction.atomic():
+        user, created = User.objects.get_or_create(username=name)
+        if created:
+            user.set_unusable_password()
+            user.save(update_fields=["password"])
+        user.user_permissions.add(
+            Permission.objects.get(codename="add_task", content_type__app_label="workflows"))
+        existing = Token.objects.filter(user=user).first()
+        if existing and not rotate:
+            return user, None
+        if existing:
+            existing.delete()
+        return user, Token.objects.create(user=user).key
+
+
+def local_admin_ensure(username: str = "admin") -> tuple[object, str]:
+    """Create (or reset) a superuser for a local run with a fresh random password,
+    returned so it can be printed."""
+    User = get_user_model()
+    password = secrets.token_urlsafe(12)
+    with transaction.atomic():
+        user, _ = User.objects.get_or_create(username=username,
+                                             defaults={"email": f"{username}@localhost"})
+        user.is_staff = user.is_superuser = user.is_active = True
+        user.set_password(password)
+        user.save()
+    return user, password

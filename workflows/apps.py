@@ -1,0 +1,13 @@
+from django.apps import AppConfig
+
+
+class WorkflowsConfig(AppConfig):
+    name = "workflows"
+    verbose_name = "PILOT workflows"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from workflows import checks  # noqa: F401  (registers the system checks)
+        from workflows.registry import autodiscover
+
+        autodiscover()

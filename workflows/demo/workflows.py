@@ -1,0 +1,141 @@
+"""The five demo workflows of SPEC §12 — a fixed contract that outside tests rely on."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from workflows.errors import NonRetryableError, RetryableError
+from workflows.models import DemoOrder
+from workflows.registry import define_workflow
+
+# --- demo.echo ------------------------------------------------------------------------
+
+echo = define_workflow("demo.echo", description="Returns its payload.")
+
+
+@echo.step(name="echo")
+def echo_step(ctx):
+    return {"echo": ctx.payload}
+
+
+# --- demo.sync_orders ---------------------------------------------------------------------
+
+class SyncOrdersPayload(serializers.Serializer):
+    batch = serializers.CharField(max_length=100)
+    count = serializers.IntegerField(min_value=1, max_value=10000)
+    step_seconds = serializers.FloatField(min_value=0, max_value=3600, required=False, default=0)
+
+
+sync_orders = define_workflow(
+    "demo.sync_orders", payload_serializer=SyncOrdersPayload, max_attempts=5,
+    backoff_initial=0.2, backoff_factor=2.0, backoff_max=5.0,
+    description="Fetches, transforms and writes `count` DemoOrder rows; `write` is atomic, "
+                "so the rows are written exactly once.")
+
+
+@sync_orders.step
+def fetch(ctx):
+    ctx.sleep(float(ctx.payload.get("step_seconds", 0)))
+    return {"fetched": ctx.payload["count"]}
+
+
+@sync_orders.step
+def transform(ctx):
+    ctx.sleep(float(ctx.payload.get("step_seconds", 0)))
+    return {"transformed": ctx.outputs["fetch"]["fetched"]}
+
+
+@sync_orders.step(atomic=True)
+def write(ctx):
+    # Inside the step's transaction: these rows commit together with the
+    # checkpoint, or not at all.
+    ctx.sleep(float(ctx.payload.get("step_seconds", 0)))
+    batch, count = ctx.payload["batch"], ctx.outputs["transform"]["transformed"]
+    DemoOrder.objects.bulk_create([DemoOrder(batch=batch, n=n) for n in range(count)],
+                                  batch_size=1000)
+    return {"written": count}
+
+
+# --- demo.flaky ----------------------------------------------------------------------------
+
+class FlakyPayload(serializers.Serializer):
+    fail_times = serializers.IntegerField(min_value=0, max_value=1000)
+
+
+flaky = define_workflow(
+    "demo.flaky", payload_serializer=FlakyPayload, max_attempts=5,
+    backoff_initial=0.1, backoff_factor=2.0, backoff_max=1.0,
+    description="Fails (retryably) on its first `fail_times` attempts, then succeeds.")
+
+
+@flaky.step
+def attempt(ctx):
+    if ctx.attempt <= ctx.payload["fail_times"]:
+        raise RetryableError(f"flaky failure on attempt {ctx.attempt}")
+    return {"attempts": ctx.attempt}
+
+
+# --- demo.slow -----------------------------------------------------------------------------
+
+class SlowPayload(serializers.Serializer):
+    steps = serializers.IntegerField(min_value=1, max_value=50)
+    seconds = serializers.FloatField(min_value=0, max_value=3600)
+
+
+slow = define_workflow(
+    "demo.slow", payload_serializer=SlowPayload, max_attempts=5,
+    backoff_initial=0.2, backoff_factor=2.0, backoff_max=5.0,
+    plan=lambda workflow, payload: workflow.steps[:payload["steps"]],
+    description="`steps` steps s0, s1, ... each sleeping `seconds` while heartbeating.")
+
+
+def _slow_step(number: int):
+    def run(ctx):
+        ctx.sleep(float(ctx.payload["seconds"]))
+        return {"completed_steps": number + 1}
+
+    run.__name__ = f"s{number}"
+    return run
+
+
+for _n in range(50):
+    slow.add_step(f"s{_n}", _slow_step(_n))
+
+
+# --- demo.saga -----------------------------------------------------------------------------
+
+class SagaPayload(serializers.Serializer):
+    fail = serializers.BooleanField()
+
+
+saga = define_workflow(
+    "demo.saga", payload_serializer=SagaPayload, max_attempts=3,
+    backoff_initial=0.1, backoff_factor=2.0, backoff_max=1.0,
+    description="reserve → charge → confirm; on failure charge is refunded and the "
+                "reservation released, in reverse order.")
+
+
+def release(ctx):
+    return {"released": ctx.output["reservation"]}
+
+
+def refund(ctx):
+    return {"refunded": ctx.output["charge"]}
+
+
+@saga.step(compensation=release)
+def reserve(ctx):
+    return {"reservation": f"R-{ctx.step_key}"}
+
+
+@saga.step(compensation=refund)
+def charge(ctx):
+    return {"charge": f"C-{ctx.step_key}"}
+
+
+@saga.step
+def confirm(ctx):
+    if ctx.payload["fail"]:
+        raise NonRetryableError("confirmation refused (payload asked to fail)")
+    return {"confirmed": True, "reservation": ctx.outputs["reserve"]["reservation"],
+            "charge": ctx.outputs["charge"]["charge"]}

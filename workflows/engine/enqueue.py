@@ -1,0 +1,82 @@
+"""The one door to django-q2 (STYLE practice 6).
+
+A message carries only a task id (a string); the worker re-reads everything
+from the database and claims under a lock, so a duplicate or stale message is
+harmless.
+
+- `enqueue_on_commit(ids)` is the safe call. With the ORM broker the queue row
+  is written inside the caller's transaction (a transactional outbox): a
+  rolled-back trigger enqueues nothing, a committed one cannot lose its
+  message. With Redis the push happens after commit; if the process dies in
+  between, the dispatcher re-enqueues the still-pending task
+  (PILOT_REENQUEUE_SECONDS).
+- `enqueue_rollback_unsafe(ids)` pushes immediately, whatever the transaction
+  does; only the dispatcher, working outside a transaction, uses it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+
+from django.db import transaction
+from django.utils import timezone
+from django_q.brokers import get_broker
+from django_q.conf import Conf
+from django_q.models import OrmQ
+from django_q.signing import SignedPackage
+
+RUN_TASK = "workflows.worker.run_task"
+
+_broker = None
+
+
+def broker():
+    """This process's broker (one Redis connection pool, not one per message)."""
+    global _broker
+    if _broker is None:
+        _broker = get_broker()
+    return _broker
+
+
+def uses_orm_broker() -> bool:
+    return bool(Conf.ORM)
+
+
+def _package(task_id: str) -> str:
+    return SignedPackage.dumps({
+        "id": uuid.uuid4().hex,
+        "name": f"pilot-{task_id}",
+        "func": RUN_TASK,
+        "args": (task_id,),
+        "kwargs": {},
+        "started": timezone.now(),
+        "ack_failure": True,
+    })
+
+
+def enqueue_rollback_unsafe(task_ids: Iterable) -> int:
+    """Push one message per task now. Returns how many were pushed."""
+    packages = [_package(str(task_id)) for task_id in task_ids]
+    if not packages:
+        return 0
+    b = broker()
+    if uses_orm_broker():
+        now = timezone.now()
+        OrmQ.objects.using(Conf.ORM).bulk_create(
+            [OrmQ(key=b.list_key, payload=p, lock=now) for p in packages])
+    else:
+        b.connection.rpush(b.list_key, *packages)
+    return len(packages)
+
+
+def enqueue_on_commit(task_ids: Iterable) -> None:
+    """Enqueue the tasks so that the message exists iff the caller's transaction
+    commits (ORM broker) or is pushed right after it commits (Redis)."""
+    ids = [str(task_id) for task_id in task_ids]
+    if not ids:
+        return
+    if uses_orm_broker():
+        enqueue_rollback_unsafe(ids)  # same database: part of the caller's transaction
+    else:
+        transaction.on_commit(lambda: enqueue_rollback_unsafe(ids))

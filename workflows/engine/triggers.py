@@ -1,0 +1,320 @@
+"""The idempotent trigger (SPEC §6): one engine function for API, batch, admin, CLI.
+
+For (owner, key, workflow, payload) the decision table is:
+
+    nothing, or only an expired task      -> create `pending`, enqueue    (created, 202)
+    pending/running/retrying, same request-> replays += 1                 (replayed, 200)
+    succeeded, same request               -> replays += 1, cached result  (replayed, 200)
+    failed, same request                  -> `retry` transition, enqueue  (restarted, 202)
+    cancelling/cancelled, same request    -> TaskCancelled                (409)
+    any state, different request          -> IdempotencyKeyReused         (422)
+
+"Same request" means the same fingerprint (workflow + canonical payload).
+
+Concurrency: the UniqueConstraint(owner, idempotency_key) arbitrates. Rows are
+inserted with INSERT … ON CONFLICT DO NOTHING (never check-then-insert), then
+every key's row is locked with SELECT … FOR UPDATE in key order and decided on
+under the lock. N identical triggers at once therefore yield one row, one
+enqueue and N−1 replays. The enqueue is part of the same transaction
+(`enqueue_on_commit`), so a rolled-back trigger enqueues nothing.
+
+A batch is decided as if its items arrived one after another in input order:
+a key repeated within the batch replays (or conflicts with) the first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections import defaultdict
+
+from django.conf import settings
+from django.db import OperationalError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from workflows.engine.audit import actor_for, transition_apply
+from workflows.engine.enqueue import enqueue_on_commit
+from workflows.errors import (
+    Conflict,
+    IdempotencyKeyMissing,
+    IdempotencyKeyReused,
+    PayloadTooLarge,
+    PilotError,
+    TaskCancelled,
+    ValidationFailed,
+)
+from workflows.fingerprint import (
+    MAX_PAYLOAD_DEPTH,
+    canonical_json,
+    derive_key,
+    fingerprint_of,
+    normalize_key,
+    payload_depth,
+)
+from workflows.models import Task
+from workflows.observability.events import emit_on_commit
+from workflows.registry import Workflow, registry
+from workflows.states import REPLAYABLE_STATES, Source, TaskState
+
+MAX_BATCH = 1000
+_RACE_ROUNDS = 5
+
+CREATED, REPLAYED, RESTARTED = "created", "replayed", "restarted"
+_STATUS = {CREATED: 202, REPLAYED: 200, RESTARTED: 202}
+
+
+@dataclasses.dataclass(frozen=True)
+class TriggerRequest:
+    """One trigger as a client sent it. `key` may be bare, quoted or None."""
+
+    workflow: object
+    payload: object
+    key: object = None
+
+
+@dataclasses.dataclass
+class TriggerOutcome:
+    outcome: str  # created | replayed | restarted
+    task: Task
+
+    @property
+    def http_status(self) -> int:
+        return _STATUS[self.outcome]
+
+    @property
+    def replayed(self) -> bool:
+        return self.outcome == REPLAYED
+
+
+@dataclasses.dataclass
+class _Prepared:
+    index: int
+    key: str
+    workflow: Workflow
+    payload: dict
+    fingerprint: str
+
+
+def task_trigger(*, owner, workflow, payload, key=None, source: str = Source.API,
+                 trace_id: str = "") -> TriggerOutcome:
+    """Trigger one workflow run idempotently; see the module docstring.
+
+    Raises a PilotError subclass for every refusal (invalid key, unknown
+    workflow, invalid payload, 409, 422). Takes row locks on the (owner, key)
+    task for the length of one short transaction. A second identical call
+    replays; it never creates a second task or a second enqueue.
+    """
+    [result] = task_trigger_many(owner=owner, requests=[TriggerRequest(workflow, payload, key)],
+                                 source=source, trace_id=trace_id)
+    if isinstance(result, PilotError):
+        raise result
+    return result
+
+
+def task_trigger_many(*, owner, requests: list[TriggerRequest], source: str = Source.BATCH,
+                      trace_id: str = "") -> list[TriggerOutcome | PilotError]:
+    """Trigger up to MAX_BATCH runs in one transaction and a handful of queries.
+
+    Returns one entry per request, in input order: a TriggerOutcome, or the
+    PilotError that request would have raised alone. Raises ValidationFailed
+    for a malformed batch (empty or too long)."""
+    if not requests:
+        raise ValidationFailed("A batch needs at least one task",
+                               errors={"tasks": ["This list may not be empty."]})
+    if len(requests) > MAX_BATCH:
+        raise ValidationFailed(f"A batch holds at most {MAX_BATCH} tasks",
+                               errors={"tasks": [f"Ensure this list has at most {MAX_BATCH} "
+                                                 "elements."]})
+    results: list = [None] * len(requests)
+    prepared: list[_Prepared] = []
+    for index, request in enumerate(requests):
+        try:
+            prepared.append(_prepare(index, request))
+        except PilotError as exc:
+            results[index] = exc
+    if prepared:
+        for attempt in range(3):
+            try:
+                decided = _decide_all(owner, prepared, source, trace_id)
+                break
+            except OperationalError as exc:
+                # Deadlock or serialization failure: the whole transaction rolled
+                # back, nothing happened; run it again from the top.
+                if attempt == 2 or not _is_transient(exc):
+                    raise
+                time.sleep(0.01 * (attempt + 1))
+        for index, outcome in decided.items():
+            results[index] = outcome
+    return results
+
+
+def _is_transient(exc: OperationalError) -> bool:
+    code = getattr(getattr(exc, "__cause__", None), "sqlstate", None)
+    return code in ("40P01", "40001")
+
+
+def _prepare(index: int, request: TriggerRequest) -> _Prepared:
+    """Validate one request without touching the database."""
+    key = normalize_key(request.key) if request.key is not None else None
+    workflow = registry.get(request.workflow)
+    payload = request.payload
+    if not isinstance(payload, dict):
+        raise ValidationFailed("The payload must be a JSON object",
+                               errors={"payload": ["Must be a JSON object."]})
+    if payload_depth(payload) > MAX_PAYLOAD_DEPTH:
+        raise ValidationFailed(
+            f"The payload is nested deeper than {MAX_PAYLOAD_DEPTH} levels",
+            errors={"payload": [f"Nesting deeper than {MAX_PAYLOAD_DEPTH} levels."]})
+    try:
+        canonical_payload = canonical_json(payload)
+    except (TypeError, ValueError):
+        raise ValidationFailed(
+            "The payload must be plain JSON (no NaN or Infinity)",
+            errors={"payload": ["Must be plain JSON (no NaN or Infinity)."]}) from None
+    limit = settings.PILOT_MAX_PAYLOAD_BYTES
+    size = len(canonical_payload.encode("utf-8"))
+    if size > limit:
+        raise PayloadTooLarge(f"The payload is {size} bytes; the limit is {limit}")
+    if workflow.payload_serializer is not None:
+        serializer = workflow.payload_serializer(data=payload)
+        if not serializer.is_valid():
+            raise ValidationFailed(f"The payload is not valid for {workflow.name}",
+                                   errors={"payload": _plain(serializer.errors)})
+    if key is None:
+        if not workflow.key_fields:
+            raise IdempotencyKeyMissing(
+                "Send an Idempotency-Key header (or task_id); "
+                f"{workflow.name} does not derive keys from its payload")
+        key = derive_key(workflow.name, workflow.key_fields, payload)
+    # Same bytes as canonical_json({"payload": ..., "workflow": ...}), built
+    # without serialising the payload twice.
+    fp = fingerprint_of(f'{{"payload":{canonical_payload},"workflow":'
+                        f'{canonical_json(workflow.name)}}}')
+    return _Prepared(index, key, workflow, payload, fp)
+
+
+def _plain(errors):
+    if isinstance(errors, dict):
+        return {str(k): _plain(v) for k, v in errors.items()}
+    if isinstance(errors, list):
+        return [_plain(v) for v in errors]
+    return str(errors)
+
+
+def _decide_all(owner, prepared: list[_Prepared], source: str, trace_id: str) -> dict:
+    now = timezone.now()
+    first_by_key: dict[str, _Prepared] = {}
+    for item in prepared:
+        first_by_key.setdefault(item.key, item)
+    with transaction.atomic():
+        rows, created_ids = _insert_and_lock(owner, first_by_key, source, trace_id, now)
+        outcomes: dict[int, TriggerOutcome | PilotError] = {}
+        replay_counts: dict = defaultdict(int)
+        restarted: list[Task] = []
+        for item in prepared:
+            task = rows[item.key]
+            if task.pk in created_ids and first_by_key[item.key] is item:
+                outcomes[item.index] = TriggerOutcome(CREATED, task)
+                continue
+            try:
+                kind = _decide(task, item, owner, now)
+            except PilotError as exc:
+                outcomes[item.index] = exc
+                continue
+            if kind == REPLAYED:
+                replay_counts[task.pk] += 1
+                task.replays += 1
+                task.last_replayed_at = now
+            else:
+                restarted.append(task)
+            outcomes[item.index] = TriggerOutcome(kind, task)
+        _record_replays(replay_counts, now)
+        enqueue_on_commit([*created_ids, *(t.pk for t in restarted)])
+    _report(outcomes, created_ids)
+    return outcomes
+
+
+def _insert_and_lock(owner, first_by_key: dict[str, _Prepared], source, trace_id, now):
+    """Insert a row for every key that has none (the constraint decides races),
+    delete expired rows in the way, and return every key's row locked.
+
+    Returns ({key: Task}, {ids of rows this call created})."""
+    rows: dict[str, Task] = {}
+    created_ids: set = set()
+    todo = dict(first_by_key)
+    for _ in range(_RACE_ROUNDS):
+        fresh = {key: _new_task(owner, item, source, trace_id, now) for key, item in todo.items()}
+        Task.objects.bulk_create(sorted(fresh.values(), key=lambda t: t.idempotency_key),
+                                 ignore_conflicts=True)
+        locked = (Task.objects.select_for_update()
+                  .filter(owner=owner, idempotency_key__in=list(todo))
+                  .order_by("idempotency_key"))
+        expired = []
+        for task in locked:
+            if task.pk == fresh[task.idempotency_key].pk:
+                created_ids.add(task.pk)
+                rows[task.idempotency_key] = task
+            elif task.is_expired(now):
+                expired.append(task)
+            else:
+                rows[task.idempotency_key] = task
+        if expired:
+            # An expired key behaves as new even before cleanup ran: the old run
+            # goes (as cleanup would delete it) and the key is inserted again.
+            from workflows.engine.cleanup import tasks_delete
+
+            tasks_delete([t.pk for t in expired])
+        todo = {key: item for key, item in todo.items() if key not in rows}
+        if not todo:
+            return rows, created_ids
+        # Still missing: expired rows we just deleted, or a row that a concurrent
+        # cleanup removed between our insert and our lock. Go round again.
+    raise Conflict("The idempotency key kept changing hands; retry the request")
+
+
+def _new_task(owner, item: _Prepared, source, trace_id, now) -> Task:
+    return Task(
+        id=uuid.uuid4(), owner=owner, idempotency_key=item.key, workflow=item.workflow.name,
+        payload=item.payload, fingerprint=item.fingerprint,
+        max_attempts=item.workflow.max_attempts, source=source, trace_id=trace_id[:64],
+        created_at=now, updated_at=now, enqueued_at=now,
+    )
+
+
+def _decide(task: Task, item: _Prepared, owner, now) -> str:
+    """Decide on an existing, locked row (SPEC §6). Restarts a failed task."""
+    if task.fingerprint != item.fingerprint:
+        raise IdempotencyKeyReused(
+            f"Idempotency key {item.key!r} was already used for a different request "
+            f"(task {task.pk}); use a new key for a new request")
+    if task.state in REPLAYABLE_STATES:
+        return REPLAYED
+    if task.state == TaskState.FAILED:
+        transition_apply(task, "retry", actor=actor_for(owner),
+                         reason="re-triggered with the same idempotency key",
+                         budget=item.workflow.max_attempts, set_fields={"enqueued_at": now})
+        return RESTARTED
+    raise TaskCancelled(f"Task {task.pk} for this idempotency key was cancelled; "
+                        "use a new key to run it again")
+
+
+def _record_replays(replay_counts: dict, now) -> None:
+    by_increment: dict[int, list] = defaultdict(list)
+    for task_id, n in replay_counts.items():
+        by_increment[n].append(task_id)
+    for n, ids in by_increment.items():
+        Task.objects.filter(pk__in=ids).update(replays=F("replays") + n, last_replayed_at=now)
+
+
+def _report(outcomes: dict, created_ids: set) -> None:
+    for outcome in outcomes.values():
+        if isinstance(outcome, PilotError):
+            emit_on_commit("trigger_refused", code=outcome.code)
+            continue
+        task = outcome.task
+        event = {CREATED: "task_triggered", REPLAYED: "task_replayed",
+                 RESTARTED: "task_restarted"}[outcome.outcome]
+        emit_on_commit(event, task_id=str(task.pk), workflow=task.workflow,
+                       outcome=outcome.outcome, trace_id=task.trace_id)

@@ -1,0 +1,157 @@
+"""Domain errors. Pure: no database.
+
+Every error PILOT reports carries a stable snake_case `code`, an HTTP status
+and a title. The API maps them to problem+json in one place, the admin to
+messages, commands to `CommandError`; nobody matches on message text.
+
+Two more families live here:
+- what a step raises to steer the runner (`RetryableError`, `NonRetryableError`);
+- what the worker's fenced writes raise when it no longer owns the task
+  (`LeaseLost`, `CancelRequested`).
+"""
+
+from __future__ import annotations
+
+
+class PilotError(Exception):
+    code = "error"
+    http_status = 400
+    title = "Request failed"
+
+    def __init__(self, detail: str | None = None, *, errors: dict | None = None):
+        self.detail = detail or self.title
+        self.errors = errors
+        super().__init__(self.detail)
+
+    def as_dict(self) -> dict:
+        body = {"code": self.code, "title": self.title, "status": self.http_status,
+                "detail": self.detail}
+        if self.errors is not None:
+            body["errors"] = self.errors
+        return body
+
+
+# --- trigger (SPEC §6, §8) --------------------------------------------------------
+
+class IdempotencyKeyMissing(PilotError):
+    code = "idempotency_key_missing"
+    title = "Idempotency key missing"
+
+
+class IdempotencyKeyInvalid(PilotError):
+    code = "idempotency_key_invalid"
+    title = "Idempotency key invalid"
+
+
+class IdempotencyKeyMismatch(PilotError):
+    """The `Idempotency-Key` header and the body's `task_id` disagree."""
+
+    code = "idempotency_key_mismatch"
+    title = "Idempotency key mismatch"
+
+
+class UnknownWorkflow(PilotError):
+    code = "unknown_workflow"
+    title = "Unknown workflow"
+
+
+class ValidationFailed(PilotError):
+    code = "validation_error"
+    title = "Invalid request"
+
+
+class PayloadTooLarge(PilotError):
+    code = "payload_too_large"
+    http_status = 413
+    title = "Payload too large"
+
+
+class TaskCancelled(PilotError):
+    code = "task_cancelled"
+    http_status = 409
+    title = "Task was cancelled"
+
+
+class IdempotencyKeyReused(PilotError):
+    code = "idempotency_key_reused"
+    http_status = 422
+    title = "Idempotency key reused with a different request"
+
+
+# --- operator actions ---------------------------------------------------------------
+
+class TaskNotFound(PilotError):
+    code = "not_found"
+    http_status = 404
+    title = "Not found"
+
+
+class InvalidTransition(PilotError):
+    code = "invalid_transition"
+    http_status = 409
+    title = "Transition not allowed"
+
+
+class PermissionDenied(PilotError):
+    code = "permission_denied"
+    http_status = 403
+    title = "Permission denied"
+
+
+class Unavailable(PilotError):
+    code = "unavailable"
+    http_status = 503
+    title = "Service unavailable"
+
+
+class Conflict(PilotError):
+    """Lost a race too many times in a row; safe to retry with the same key."""
+
+    code = "conflict"
+    http_status = 409
+    title = "Concurrent update, retry the request"
+
+
+# --- the worker's view ----------------------------------------------------------------
+
+class LeaseLost(PilotError):
+    """A fenced write found the task no longer ours: another worker took it over
+    after our lease expired, or it ended. The worker must stop touching it."""
+
+    code = "lease_lost"
+    http_status = 409
+    title = "Lease lost"
+
+
+class CancelRequested(PilotError):
+    """A fenced write found the task `cancelling` under our own lease: stop
+    starting steps, compensate, finish the cancel."""
+
+    code = "cancel_requested"
+    http_status = 409
+    title = "Cancel requested"
+
+
+# --- what steps raise -------------------------------------------------------------------
+
+class StepError(Exception):
+    """Base for errors a step raises on purpose."""
+
+    retryable = True
+
+
+class RetryableError(StepError):
+    """Transient: the attempt is retried with backoff while attempts remain."""
+
+    retryable = True
+
+
+class NonRetryableError(StepError):
+    """Permanent: the task fails now (after compensations), no retry."""
+
+    retryable = False
+
+
+class WorkflowChanged(NonRetryableError):
+    """A stored checkpoint names a different step than the workflow now has at
+    that index: resuming would skip the wrong step, so the run stops."""

@@ -1,0 +1,6 @@
+from workflows.models.demo import DemoOrder
+from workflows.models.step import StepCheckpoint
+from workflows.models.task import Task
+from workflows.models.transition import TaskTransition
+
+__all__ = ["DemoOrder", "StepCheckpoint", "Task", "TaskTransition"]

@@ -1,0 +1,241 @@
+"""The Task: one run of one workflow for one idempotency key (SPEC §4, §5).
+
+The state field is protected: nothing assigns it. Every edge of §5 is a
+django-fsm transition below; transitions are pure (they only set fields on the
+instance). The engine locks the row, calls a transition, saves and writes the
+audit row in one transaction (`workflows.engine.audit.transition_apply`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
+
+from workflows.states import FINISHED_STATES, LEASED_STATES, Source, TaskState
+
+MAX_ERROR_LENGTH = 4000
+
+S = TaskState
+
+
+class TaskQuerySet(models.QuerySet):
+    def for_owner(self, user):
+        return self.filter(owner=user)
+
+    def finished(self):
+        return self.filter(state__in=FINISHED_STATES)
+
+    def unfinished(self):
+        return self.exclude(state__in=FINISHED_STATES)
+
+    def expired(self, now: datetime):
+        """Finished tasks whose idempotency key may be reused (expires_at passed)."""
+        return self.filter(state__in=FINISHED_STATES, expires_at__lte=now)
+
+    def finished_before(self, ts: datetime):
+        return self.filter(state__in=FINISHED_STATES, finished_at__lt=ts)
+
+    def due_retries(self, now: datetime):
+        return self.filter(state=S.RETRYING, next_attempt_at__lte=now)
+
+    def expired_leases(self, now: datetime):
+        return self.filter(state__in=LEASED_STATES, lease_expires_at__lt=now)
+
+    def unclaimed_since(self, ts: datetime):
+        """Pending tasks last enqueued before `ts`: their message may be lost."""
+        return self.filter(state=S.PENDING, enqueued_at__lt=ts)
+
+    def orphaned_cancels(self):
+        """`cancelling` tasks no worker holds: nobody will run their compensations."""
+        return self.filter(state=S.CANCELLING, lease_expires_at__isnull=True)
+
+
+class Task(ConcurrentTransitionMixin, models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Indexed through task_owner_key_uniq and task_owner_created_idx.
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                              related_name="pilot_tasks", db_index=False)
+    idempotency_key = models.CharField(max_length=255)
+    workflow = models.CharField(max_length=100)
+    payload = models.JSONField(default=dict)
+    fingerprint = models.CharField(max_length=64)
+    state = FSMField(default=S.PENDING, choices=S.choices, protected=True, max_length=20)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    error_type = models.CharField(max_length=200, blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField()
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    lease_token = models.PositiveBigIntegerField(default=0)
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    replays = models.PositiveIntegerField(default=0)
+    last_replayed_at = models.DateTimeField(null=True, blank=True)
+    source = models.CharField(max_length=10, choices=Source.choices, default=Source.API)
+    trace_id = models.CharField(max_length=64, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TaskQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            # The arbiter of concurrent triggers: one task per (client, key).
+            models.UniqueConstraint(fields=["owner", "idempotency_key"],
+                                    name="task_owner_key_uniq"),
+            models.CheckConstraint(condition=Q(state__in=S.values), name="task_state_valid_chk"),
+            models.CheckConstraint(condition=Q(attempts__lte=models.F("max_attempts")),
+                                   name="task_attempts_within_max_chk"),
+        ]
+        indexes = [
+            # GET /api/v1/tasks for one client, newest first (cursor pagination).
+            models.Index(fields=["owner", "-created_at"], name="task_owner_created_idx"),
+            # Admin list and dashboard: filter by state, newest first; counts by state.
+            models.Index(fields=["state", "-created_at"], name="task_state_created_idx"),
+            # Admin/API filter by workflow, newest first.
+            models.Index(fields=["workflow", "-created_at"], name="task_workflow_created_idx"),
+            # Admin default ordering, date hierarchy, dashboard triggers per hour.
+            models.Index(fields=["-created_at"], name="task_created_idx"),
+            # Dispatcher: retries that are due (state='retrying' AND next_attempt_at <= now).
+            models.Index(fields=["next_attempt_at"], name="task_retry_due_idx",
+                         condition=Q(state=S.RETRYING)),
+            # Dispatcher: expired leases (state IN running/cancelling AND lease_expires_at < now).
+            models.Index(fields=["lease_expires_at"], name="task_lease_expiry_idx",
+                         condition=Q(state__in=LEASED_STATES)),
+            # Dispatcher: pending tasks whose enqueue may be lost (enqueued_at < now - 10 s).
+            models.Index(fields=["enqueued_at"], name="task_pending_enqueued_idx",
+                         condition=Q(state=S.PENDING)),
+            # cleanup_tasks default: finished tasks with expires_at <= now.
+            models.Index(fields=["expires_at"], name="task_expires_idx",
+                         condition=Q(expires_at__isnull=False)),
+            # cleanup_tasks --older-than: finished tasks with finished_at < cutoff.
+            models.Index(fields=["finished_at"], name="task_finished_idx",
+                         condition=Q(finished_at__isnull=False)),
+        ]
+        permissions = [
+            ("cancel_task", "Can cancel a task"),
+            ("retry_task", "Can retry a task"),
+            ("view_all_tasks", "Can view every client's tasks"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow} {self.idempotency_key} ({self.state})"
+
+    # --- derived --------------------------------------------------------------------
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in FINISHED_STATES
+
+    def is_expired(self, now: datetime) -> bool:
+        return self.is_finished and self.expires_at is not None and self.expires_at <= now
+
+    def is_due(self, now: datetime) -> bool:
+        """Claimable now: pending, or retrying with its backoff elapsed."""
+        if self.state == S.PENDING:
+            return True
+        return self.state == S.RETRYING and (self.next_attempt_at is None
+                                             or self.next_attempt_at <= now)
+
+    @property
+    def attempts_left(self) -> int:
+        return max(0, self.max_attempts - self.attempts)
+
+    # --- field helpers used by transitions -----------------------------------------------
+
+    def _set_error(self, error: str, error_type: str) -> None:
+        self.error = (error or "")[:MAX_ERROR_LENGTH]
+        self.error_type = (error_type or "")[:200]
+
+    def _release_lease(self) -> None:
+        self.lease_owner = ""
+        self.lease_expires_at = None
+
+    def _finish(self, now: datetime, ttl: timedelta) -> None:
+        self._release_lease()
+        self.next_attempt_at = None
+        self.finished_at = now
+        self.expires_at = now + ttl
+
+    # --- transitions (SPEC §5); pure ------------------------------------------------------
+
+    @transition(field=state, source=[S.PENDING, S.RETRYING], target=S.RUNNING)
+    def claim(self, *, worker: str, lease_expires_at: datetime, now: datetime) -> None:
+        self.attempts += 1
+        self.lease_token += 1
+        self.lease_owner = worker[:200]
+        self.lease_expires_at = lease_expires_at
+        self.next_attempt_at = None
+        if self.started_at is None:
+            self.started_at = now
+
+    @transition(field=state, source=S.RUNNING, target=S.SUCCEEDED)
+    def succeed(self, *, result, now: datetime, ttl: timedelta) -> None:
+        self.result = result
+        self.error = ""
+        self.error_type = ""
+        self._finish(now, ttl)
+
+    @transition(field=state, source=S.RUNNING, target=S.RETRYING)
+    def schedule_retry(self, *, error: str, error_type: str, next_attempt_at: datetime) -> None:
+        self._set_error(error, error_type)
+        self._release_lease()
+        self.next_attempt_at = next_attempt_at
+
+    @transition(field=state, source=S.RUNNING, target=S.RETRYING)
+    def recover(self, *, next_attempt_at: datetime) -> None:
+        """The dispatcher's edge for a running task whose lease expired: the lost
+        attempt counts (it was counted at claim); the next one waits its backoff."""
+        self._set_error("worker lost: lease expired before the attempt finished", "LeaseExpired")
+        self._release_lease()
+        self.next_attempt_at = next_attempt_at
+
+    @transition(field=state, source=S.RUNNING, target=S.FAILED)
+    def fail(self, *, error: str, error_type: str, now: datetime, ttl: timedelta) -> None:
+        self._set_error(error, error_type)
+        self._finish(now, ttl)
+
+    @transition(field=state, source=[S.PENDING, S.RETRYING, S.RUNNING],
+                target=RETURN_VALUE(S.CANCELLING, S.CANCELLED),
+                permission="workflows.cancel_task")
+    def cancel(self, *, needs_compensation: bool, now: datetime, ttl: timedelta) -> str:
+        """Running work, or succeeded steps to compensate, go through `cancelling`
+        (a worker finishes it); anything else is cancelled at once."""
+        if self.state == S.RUNNING:
+            return S.CANCELLING
+        self.next_attempt_at = None
+        if needs_compensation:
+            return S.CANCELLING
+        self._finish(now, ttl)
+        return S.CANCELLED
+
+    @transition(field=state, source=S.CANCELLING, target=S.CANCELLED)
+    def finish_cancel(self, *, now: datetime, ttl: timedelta, error: str = "",
+                      error_type: str = "") -> None:
+        if error:
+            self._set_error(error, error_type)
+        self._finish(now, ttl)
+
+    @transition(field=state, source=[S.FAILED, S.CANCELLED], target=S.PENDING,
+                permission="workflows.retry_task")
+    def retry(self, *, budget: int) -> None:
+        """Back to pending with a fresh budget of `budget` attempts; `attempts`
+        keeps counting over the task's life, so the cap moves instead."""
+        self.max_attempts = self.attempts + budget
+        self.result = None
+        self.error = ""
+        self.error_type = ""
+        self.next_attempt_at = None
+        self.finished_at = None
+        self.expires_at = None
+        self._release_lease()

@@ -1,0 +1,241 @@
+"""The workflow registry. Pure: no database.
+
+A workflow is Python code: an ordered list of steps plus a policy.
+
+    from workflows.registry import define_workflow
+
+    sync = define_workflow("acme.sync", max_attempts=5, key_fields=("batch",))
+
+    @sync.step
+    def fetch(ctx): ...
+
+    @sync.step(atomic=True, compensation=undo_write)
+    def write(ctx): ...
+
+Workflows live in a `pilot_workflows` module of any installed app; the app's
+`ready()` imports them all (`autodiscover`) and `validate_all` refuses a bad
+definition at start-up, naming the workflow and the problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import OperationalError
+
+from workflows.errors import RetryableError, UnknownWorkflow
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
+STEP_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,99}$")
+
+# Transient by nature; anything else a step raises (TypeError, KeyError, ...) is a
+# bug that a retry would only repeat, so it fails the task at once.
+DEFAULT_RETRY_ON: tuple[type[BaseException], ...] = (
+    RetryableError, ConnectionError, TimeoutError, OperationalError,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    name: str
+    func: Callable[[Any], Any]
+    atomic: bool = False
+    compensation: Callable[[Any], Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int
+    initial: float
+    factor: float
+    max_delay: float
+
+
+class Workflow:
+    """One registered workflow: a name, ordered steps, a policy."""
+
+    def __init__(self, name: str, *, max_attempts: int = 3, backoff_initial: float = 1.0,
+                 backoff_factor: float = 2.0, backoff_max: float = 300.0,
+                 idempotency_ttl: timedelta | float = timedelta(hours=24),
+                 key_fields: tuple[str, ...] | list[str] = (),
+                 payload_serializer: type | None = None,
+                 retry_on: tuple[type[BaseException], ...] = DEFAULT_RETRY_ON,
+                 plan: Callable[[Workflow, dict], list[Step]] | None = None,
+                 description: str = ""):
+        self.name = name
+        if isinstance(idempotency_ttl, (int, float)) and not isinstance(idempotency_ttl, bool):
+            idempotency_ttl = timedelta(seconds=idempotency_ttl)
+        self.policy = RetryPolicy(max_attempts, backoff_initial, backoff_factor, backoff_max)
+        self.idempotency_ttl = idempotency_ttl
+        self.key_fields = tuple(key_fields) if isinstance(key_fields, (list, tuple)) else key_fields
+        self.payload_serializer = payload_serializer
+        self.retry_on = retry_on
+        self.plan = plan
+        self.description = description
+        self.steps: list[Step] = []
+        self._validate_options()
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.name} steps={[s.name for s in self.steps]}>"
+
+    @property
+    def max_attempts(self) -> int:
+        return self.policy.max_attempts
+
+    def step(self, func: Callable | None = None, *, name: str | None = None,
+             atomic: bool = False, compensation: Callable | None = None):
+        """Append a step; usable as `@wf.step` or `@wf.step(atomic=True, ...)`."""
+
+        def register(fn: Callable) -> Callable:
+            self.add_step(name or fn.__name__, fn, atomic=atomic, compensation=compensation)
+            return fn
+
+        return register(func) if func is not None else register
+
+    def add_step(self, name: str, func: Callable, *, atomic: bool = False,
+                 compensation: Callable | None = None) -> Step:
+        if not isinstance(name, str) or not STEP_NAME_RE.match(name):
+            self._refuse(f"step name {name!r} must be 1-100 letters, digits, '_' or '-'")
+        if any(s.name == name for s in self.steps):
+            self._refuse(f"step name {name!r} is used twice")
+        if not callable(func):
+            self._refuse(f"step {name!r} is not callable")
+        if compensation is not None and not callable(compensation):
+            self._refuse(f"compensation of step {name!r} is not callable")
+        if not isinstance(atomic, bool):
+            self._refuse(f"atomic of step {name!r} must be True or False")
+        step = Step(name=name, func=func, atomic=atomic, compensation=compensation)
+        self.steps.append(step)
+        return step
+
+    def steps_for(self, payload: dict) -> list[Step]:
+        """The steps one run executes: all of them, or what `plan` picks from them
+        (in order) for this payload, e.g. the first `payload["steps"]`."""
+        if self.plan is None:
+            return self.steps
+        chosen = list(self.plan(self, payload))
+        if not chosen or any(step not in self.steps for step in chosen):
+            raise ValueError(f"plan of {self.name} must pick a non-empty list of its own steps")
+        return chosen
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        retryable = getattr(exc, "retryable", None)
+        if retryable is not None:
+            return bool(retryable)
+        return isinstance(exc, self.retry_on)
+
+    def describe(self) -> dict:
+        """A JSON-simple description (API `GET /workflows`, admin page)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "steps": [{"index": i, "name": s.name, "atomic": s.atomic,
+                       "compensation": getattr(s.compensation, "__name__", None)}
+                      for i, s in enumerate(self.steps)],
+            "max_attempts": self.policy.max_attempts,
+            "backoff": {"initial_seconds": self.policy.initial, "factor": self.policy.factor,
+                        "max_seconds": self.policy.max_delay},
+            "idempotency_ttl_seconds": self.idempotency_ttl.total_seconds(),
+            "key_fields": list(self.key_fields),
+        }
+
+    def _refuse(self, problem: str):
+        raise ImproperlyConfigured(f"workflow {self.name!r}: {problem}")
+
+    def _validate_options(self) -> None:
+        if not isinstance(self.name, str) or not NAME_RE.match(self.name) or len(self.name) > 100:
+            raise ImproperlyConfigured(
+                f"workflow name {self.name!r} must be dotted lowercase words (e.g. 'acme.sync'), "
+                "at most 100 characters"
+            )
+        p = self.policy
+        if not isinstance(p.max_attempts, int) or isinstance(p.max_attempts, bool) \
+                or not 1 <= p.max_attempts <= 1000:
+            self._refuse("max_attempts must be an integer from 1 to 1000")
+        for label, value in (("backoff_initial", p.initial), ("backoff_max", p.max_delay)):
+            if not _is_number(value) or value < 0:
+                self._refuse(f"{label} must be a number >= 0")
+        if not _is_number(p.factor) or p.factor < 1:
+            self._refuse("backoff_factor must be a number >= 1")
+        if p.max_delay < p.initial:
+            self._refuse("backoff_max must be >= backoff_initial")
+        if not isinstance(self.idempotency_ttl, timedelta) or self.idempotency_ttl < timedelta(0):
+            self._refuse("idempotency_ttl must be a timedelta (or seconds) >= 0")
+        if not isinstance(self.key_fields, tuple) or not all(
+                isinstance(f, str) and f for f in self.key_fields):
+            self._refuse("key_fields must be a list of payload field names")
+        if len(set(self.key_fields)) != len(self.key_fields):
+            self._refuse("key_fields has a duplicate")
+        if self.payload_serializer is not None:
+            from rest_framework.serializers import BaseSerializer
+
+            if not (isinstance(self.payload_serializer, type)
+                    and issubclass(self.payload_serializer, BaseSerializer)):
+                self._refuse("payload_serializer must be a DRF Serializer class")
+        if self.plan is not None and not callable(self.plan):
+            self._refuse("plan must be a callable (workflow, payload) -> steps")
+        if not isinstance(self.retry_on, tuple) or not all(
+                isinstance(t, type) and issubclass(t, BaseException) for t in self.retry_on):
+            self._refuse("retry_on must be a tuple of exception classes")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
+        and value not in (float("inf"), float("-inf"))
+
+
+class Registry:
+    def __init__(self):
+        self._workflows: dict[str, Workflow] = {}
+
+    def define(self, name: str, **options) -> Workflow:
+        """Create and register a workflow; a second workflow of the same name is
+        refused (ImproperlyConfigured) rather than silently replacing the first."""
+        workflow = Workflow(name, **options)
+        self.register(workflow)
+        return workflow
+
+    def register(self, workflow: Workflow) -> Workflow:
+        if workflow.name in self._workflows:
+            raise ImproperlyConfigured(f"workflow {workflow.name!r} is registered twice")
+        self._workflows[workflow.name] = workflow
+        return workflow
+
+    def unregister(self, name: str) -> None:
+        self._workflows.pop(name, None)
+
+    def get(self, name) -> Workflow:
+        """The workflow called `name`; UnknownWorkflow if there is none."""
+        workflow = self._workflows.get(name) if isinstance(name, str) else None
+        if workflow is None:
+            raise UnknownWorkflow(f"No workflow is registered as {name!r}")
+        return workflow
+
+    def all(self) -> list[Workflow]:
+        return sorted(self._workflows.values(), key=lambda w: w.name)
+
+    def names(self) -> list[str]:
+        return sorted(self._workflows)
+
+    def validate_all(self) -> None:
+        for workflow in self._workflows.values():
+            if not workflow.steps:
+                raise ImproperlyConfigured(f"workflow {workflow.name!r} has no steps")
+
+
+registry = Registry()
+define_workflow = registry.define
+get_workflow = registry.get
+
+
+def autodiscover() -> None:
+    """Import every installed app's `pilot_workflows` module, then validate."""
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("pilot_workflows")
+    registry.validate_all()

@@ -1,0 +1,32 @@
+"""Reads, scoped to the caller (STYLE: services write, selectors read)."""
+
+from __future__ import annotations
+
+import uuid
+
+from workflows.errors import TaskNotFound
+from workflows.models import Task
+
+
+def can_view_all(user) -> bool:
+    return bool(user and user.has_perm("workflows.view_all_tasks"))
+
+
+def tasks_visible_to(user):
+    """Every task `user` may see: their own, or all with view_all_tasks."""
+    qs = Task.objects.all()
+    return qs if can_view_all(user) else qs.filter(owner=user)
+
+
+def task_get_for(user, task_id) -> Task:
+    """The task `task_id` if `user` may see it; TaskNotFound otherwise — the same
+    answer for a malformed id, a missing task and another client's task, so ids
+    cannot be probed."""
+    try:
+        pk = uuid.UUID(str(task_id))
+    except (TypeError, ValueError, AttributeError):
+        raise TaskNotFound("No such task") from None
+    task = tasks_visible_to(user).filter(pk=pk).first()
+    if task is None:
+        raise TaskNotFound("No such task")
+    return task
