@@ -58,3 +58,71 @@ def run_at_once(n: int, fn, *, timeout: float = 120.0) -> list:
         t.join(timeout)
     assert not any(t.is_alive() for t in threads), "a racing thread hung"
     return results
+
+
+def pop_queued() -> list[str]:
+    """Take every waiting message off the broker (as a worker would) and return
+    the task ids, in order."""
+    if uses_orm_broker():
+        rows = list(OrmQ.objects.using(Conf.ORM).filter(key=broker().list_key).order_by("id"))
+        OrmQ.objects.using(Conf.ORM).filter(pk__in=[r.pk for r in rows]).delete()
+        packages = [r.payload for r in rows]
+    else:
+        conn, key = broker().connection, broker().list_key
+        packages = []
+        while (item := conn.lpop(key)) is not None:
+            packages.append(item)
+    return [SignedPackage.loads(p)["args"][0] for p in packages]
+
+
+def drain(until=None, *, timeout: float = 15.0, dispatch: bool = True) -> None:
+    """Play worker and dispatcher in this process: run every queued message
+    through the real worker entry point, run a dispatcher pass, repeat until
+    `until()` holds (or, without `until`, until nothing is queued or due)."""
+    import time
+
+    from workflows.engine.dispatcher import dispatch_once
+    from workflows.models import Task
+    from workflows.states import TaskState
+    from workflows.worker import run_task
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ids = pop_queued()
+        for task_id in ids:
+            run_task(task_id)
+        report = dispatch_once() if dispatch else None
+        if until is not None:
+            if until():
+                return
+        elif not ids and not (report and report.actions) and not Task.objects.filter(
+                state__in=[TaskState.RETRYING, TaskState.PENDING]).exists():
+            return
+        time.sleep(0.01)
+    raise AssertionError("drain() timed out")
+
+
+def expire_lease(task_id) -> None:
+    """Let a lease run out (as if its worker stopped heartbeating long ago)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from workflows.models import Task
+
+    Task.objects.filter(pk=task_id).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def wait_for(condition, *, timeout: float = 10.0, interval: float = 0.02, what: str = ""):
+    """Poll `condition()` until it is truthy; fail after `timeout` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        time.sleep(interval)

@@ -20,3 +20,6 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # Quiet by default; tests that check log lines raise the level with caplog.
 LOGGING["root"]["level"] = "WARNING"  # noqa: F405
+
+# Test-only workflows (test.poison, ...) registered in every process the tests start.
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]  # noqa: F405

@@ -113,23 +113,29 @@ class Conflict(PilotError):
 
 
 # --- the worker's view ----------------------------------------------------------------
+# BaseException, like asyncio.CancelledError: a step's `except Exception` must not
+# swallow the signal that it no longer owns the task.
 
-class LeaseLost(PilotError):
+class WorkerSignal(BaseException):
+    code = "worker_signal"
+
+    def __init__(self, detail: str = ""):
+        self.detail = detail or self.code
+        super().__init__(self.detail)
+
+
+class LeaseLost(WorkerSignal):
     """A fenced write found the task no longer ours: another worker took it over
     after our lease expired, or it ended. The worker must stop touching it."""
 
     code = "lease_lost"
-    http_status = 409
-    title = "Lease lost"
 
 
-class CancelRequested(PilotError):
-    """A fenced write found the task `cancelling` under our own lease: stop
-    starting steps, compensate, finish the cancel."""
+class CancelRequested(WorkerSignal):
+    """A fenced write found the task `cancelling` under our own lease: start no
+    further step, compensate, finish the cancel."""
 
     code = "cancel_requested"
-    http_status = 409
-    title = "Cancel requested"
 
 
 # --- what steps raise -------------------------------------------------------------------

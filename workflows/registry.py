@@ -40,6 +40,9 @@ DEFAULT_RETRY_ON: tuple[type[BaseException], ...] = (
 )
 
 
+DEFAULT_IDEMPOTENCY_TTL = timedelta(hours=24)
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     name: str
@@ -61,7 +64,7 @@ class Workflow:
 
     def __init__(self, name: str, *, max_attempts: int = 3, backoff_initial: float = 1.0,
                  backoff_factor: float = 2.0, backoff_max: float = 300.0,
-                 idempotency_ttl: timedelta | float = timedelta(hours=24),
+                 idempotency_ttl: timedelta | float = DEFAULT_IDEMPOTENCY_TTL,
                  key_fields: tuple[str, ...] | list[str] = (),
                  payload_serializer: type | None = None,
                  retry_on: tuple[type[BaseException], ...] = DEFAULT_RETRY_ON,
@@ -211,10 +214,13 @@ class Registry:
 
     def get(self, name) -> Workflow:
         """The workflow called `name`; UnknownWorkflow if there is none."""
-        workflow = self._workflows.get(name) if isinstance(name, str) else None
+        workflow = self.find(name)
         if workflow is None:
             raise UnknownWorkflow(f"No workflow is registered as {name!r}")
         return workflow
+
+    def find(self, name) -> Workflow | None:
+        return self._workflows.get(name) if isinstance(name, str) else None
 
     def all(self) -> list[Workflow]:
         return sorted(self._workflows.values(), key=lambda w: w.name)

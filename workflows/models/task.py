@@ -48,8 +48,8 @@ class TaskQuerySet(models.QuerySet):
         return self.filter(state__in=LEASED_STATES, lease_expires_at__lt=now)
 
     def unclaimed_since(self, ts: datetime):
-        """Pending tasks last enqueued before `ts`: their message may be lost."""
-        return self.filter(state=S.PENDING, enqueued_at__lt=ts)
+        """Pending tasks last enqueued before `ts` (or never): their message may be lost."""
+        return self.filter(Q(enqueued_at__lt=ts) | Q(enqueued_at__isnull=True), state=S.PENDING)
 
     def orphaned_cancels(self):
         """`cancelling` tasks no worker holds: nobody will run their compensations."""
@@ -176,6 +176,7 @@ class Task(ConcurrentTransitionMixin, models.Model):
         self.lease_owner = worker[:200]
         self.lease_expires_at = lease_expires_at
         self.next_attempt_at = None
+        self.enqueued_at = None  # its message is consumed: none outstanding
         if self.started_at is None:
             self.started_at = now
 
@@ -191,6 +192,7 @@ class Task(ConcurrentTransitionMixin, models.Model):
         self._set_error(error, error_type)
         self._release_lease()
         self.next_attempt_at = next_attempt_at
+        self.enqueued_at = None  # no message yet for this attempt: the dispatcher sends it
 
     @transition(field=state, source=S.RUNNING, target=S.RETRYING)
     def recover(self, *, next_attempt_at: datetime) -> None:
@@ -199,6 +201,7 @@ class Task(ConcurrentTransitionMixin, models.Model):
         self._set_error("worker lost: lease expired before the attempt finished", "LeaseExpired")
         self._release_lease()
         self.next_attempt_at = next_attempt_at
+        self.enqueued_at = None
 
     @transition(field=state, source=S.RUNNING, target=S.FAILED)
     def fail(self, *, error: str, error_type: str, now: datetime, ttl: timedelta) -> None:

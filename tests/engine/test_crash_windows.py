@@ -1,0 +1,117 @@
+"""Deterministic crash windows: a named fault point makes the worker "die"
+(SimulatedCrash, a BaseException nothing handles: the open transaction rolls
+back, nothing else runs), then the lease runs out, the dispatcher recovers the
+task and a new delivery resumes it."""
+
+import uuid
+
+import pytest
+
+from tests.helpers import drain, expire_lease, pop_queued
+from workflows.engine import faults
+from workflows.engine.triggers import task_trigger
+from workflows.models import DemoOrder, StepCheckpoint, Task, TaskTransition
+from workflows.states import TaskState as S
+from workflows.worker import run_task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def sync(owner):
+    def start(count=120, batch=None):
+        batch = batch or uuid.uuid4().hex[:12]
+        return task_trigger(owner=owner, key=batch, workflow="demo.sync_orders",
+                            payload={"batch": batch, "count": count}).task, batch
+
+    return start
+
+
+def crash_once(point, task):
+    [message] = pop_queued()
+    with faults.armed(point), pytest.raises(faults.SimulatedCrash):
+        run_task(message)
+    task.refresh_from_db()
+    return task
+
+
+def recover_and_finish(task):
+    expire_lease(task.pk)
+    drain(lambda: Task.objects.get(pk=task.pk).is_finished)
+    task.refresh_from_db()
+    return task
+
+
+def step_attempts(task):
+    return dict(StepCheckpoint.objects.filter(task_id=task.pk).values_list("name", "attempts"))
+
+
+def test_crash_after_an_atomic_step_body_before_its_checkpoint_writes_once(sync):
+    task, batch = sync()
+    [message] = pop_queued()
+    # fetch and transform pass the point first; `write` (atomic) crashes there.
+    with faults.armed("after_step_body", skip=2), pytest.raises(faults.SimulatedCrash):
+        run_task(message)
+    task.refresh_from_db()
+    assert task.state == S.RUNNING
+    assert DemoOrder.objects.filter(batch=batch).count() == 0  # rolled back with the step
+    task = recover_and_finish(task)
+    assert (task.state, task.result) == (S.SUCCEEDED, {"written": 120})
+    assert DemoOrder.objects.filter(batch=batch).count() == 120
+    assert step_attempts(task) == {"fetch": 1, "transform": 1, "write": 2}
+    assert task.attempts == 2
+
+
+def test_crash_after_a_plain_step_body_runs_that_step_again(sync):
+    task, batch = sync()
+    task = crash_once("after_step_body", task)
+    assert StepCheckpoint.objects.get(task_id=task.pk, name="fetch").state == "running"
+    task = recover_and_finish(task)
+    assert task.state == S.SUCCEEDED
+    assert step_attempts(task) == {"fetch": 2, "transform": 1, "write": 1}
+    assert DemoOrder.objects.filter(batch=batch).count() == 120
+
+
+def test_crash_after_a_checkpoint_resumes_at_the_next_step(sync):
+    task, batch = sync()
+    task = crash_once("after_checkpoint", task)
+    assert StepCheckpoint.objects.get(task_id=task.pk, name="fetch").state == "succeeded"
+    task = recover_and_finish(task)
+    assert task.state == S.SUCCEEDED
+    assert step_attempts(task) == {"fetch": 1, "transform": 2, "write": 1}
+    assert DemoOrder.objects.filter(batch=batch).count() == 120
+
+
+def test_crash_right_after_the_claim_is_recovered(sync):
+    task, batch = sync()
+    task = crash_once("after_claim", task)
+    assert (task.state, task.attempts) == (S.RUNNING, 1)
+    task = recover_and_finish(task)
+    assert (task.state, task.attempts) == (S.SUCCEEDED, 2)
+    assert [t for t in TaskTransition.objects.filter(task_id=task.pk).order_by("id")
+            .values_list("transition", flat=True)] == ["claim", "recover", "claim", "succeed"]
+
+
+def test_crash_during_lease_renewal_loses_only_the_renewal(owner):
+    task = task_trigger(owner=owner, key="slow-1", workflow="demo.slow",
+                        payload={"steps": 2, "seconds": 0.3}).task
+    from django.test import override_settings
+
+    with override_settings(PILOT_HEARTBEAT_SECONDS=0.1):
+        task = crash_once("during_lease_renewal", task)
+        before = task.lease_expires_at
+        task = recover_and_finish(task)
+    assert before is not None
+    assert (task.state, task.result) == (S.SUCCEEDED, {"completed_steps": 2})
+
+
+def test_crash_after_finishing_before_the_ack_makes_the_redelivery_a_no_op(sync):
+    task, batch = sync()
+    [message] = pop_queued()
+    with faults.armed("before_ack"), pytest.raises(faults.SimulatedCrash):
+        run_task(message)
+    task.refresh_from_db()
+    assert task.state == S.SUCCEEDED
+    assert run_task(message) == "skipped"  # django-q2 redelivers the unacknowledged message
+    assert DemoOrder.objects.filter(batch=batch).count() == 120
+    assert TaskTransition.objects.filter(task_id=task.pk).count() == 2

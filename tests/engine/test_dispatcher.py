@@ -1,0 +1,158 @@
+"""The dispatcher's four scans, one pass at a time."""
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from tests.helpers import drain, expire_lease, pop_queued, queued_task_ids, wait_for
+from workflows.engine.claims import task_claim
+from workflows.engine.dispatcher import dispatch_once
+from workflows.engine.operations import task_cancel
+from workflows.engine.triggers import task_trigger
+from workflows.errors import RetryableError
+from workflows.models import StepCheckpoint, Task, TaskTransition
+from workflows.states import TaskState as S
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def start(owner):
+    def trigger(workflow="demo.echo", payload=None):
+        return task_trigger(owner=owner, key=uuid.uuid4().hex, workflow=workflow,
+                            payload=payload or {}).task
+
+    return trigger
+
+
+def test_an_expired_lease_is_recovered_and_the_lost_attempt_counts(start):
+    task = start()
+    pop_queued()
+    task_claim(task_id=task.pk, worker="dead-worker")
+    assert dispatch_once().recovered == 0  # lease still valid: nothing to do
+    expire_lease(task.pk)
+    report = dispatch_once()
+    assert report.recovered == 1
+    task.refresh_from_db()
+    assert (task.state, task.attempts, task.error_type) == (S.RETRYING, 1, "LeaseExpired")
+    audit = TaskTransition.objects.filter(task_id=task.pk).latest("id")
+    assert audit.transition == "recover" and audit.actor.startswith("dispatcher:")
+    assert "dead-worker" in audit.reason
+    drain(lambda: Task.objects.get(pk=task.pk).is_finished)
+    task.refresh_from_db()
+    assert (task.state, task.attempts) == (S.SUCCEEDED, 2)
+
+
+def test_a_poison_task_that_kills_every_worker_ends_failed_after_max_attempts(start):
+    poison = start("demo.slow", {"steps": 1, "seconds": 0})
+    healthy = start()
+    for attempt in range(1, 6):
+        wait_for(lambda: Task.objects.get(pk=poison.pk).is_due(timezone.now()))
+        # A worker claims it and dies; the lease runs out; the dispatcher recovers.
+        assert task_claim(task_id=poison.pk, worker=f"doomed-{attempt}") is not None
+        expire_lease(poison.pk)
+        dispatch_once()
+    poison.refresh_from_db()
+    assert (poison.state, poison.attempts, poison.max_attempts) == (S.FAILED, 5, 5)
+    assert poison.error_type == "LeaseExpired" and "no attempts left" in poison.error
+    drain(lambda: Task.objects.get(pk=healthy.pk).is_finished)
+    assert Task.objects.get(pk=healthy.pk).state == S.SUCCEEDED
+    assert Task.objects.get(pk=poison.pk).state == S.FAILED
+
+
+def test_due_retries_are_enqueued_once_and_not_before_they_are_due(start, temp_workflow):
+    wf = temp_workflow("test.backoff", max_attempts=3, backoff_initial=3600, backoff_max=3600)
+
+    @wf.step
+    def fails_once(ctx):
+        if ctx.attempt == 1:
+            raise RetryableError("once")
+        return "ok"
+
+    task = start("test.backoff")
+    drain(lambda: Task.objects.get(pk=task.pk).state == S.RETRYING)
+    task.refresh_from_db()
+    if task.next_attempt_at > timezone.now():
+        assert dispatch_once().retries_enqueued == 0
+        assert queued_task_ids() == []
+    Task.objects.filter(pk=task.pk).update(next_attempt_at=timezone.now() - timedelta(seconds=1))
+    assert dispatch_once().retries_enqueued == 1
+    assert dispatch_once().retries_enqueued == 0  # already enqueued for this due time
+    assert queued_task_ids() == [str(task.pk)]
+    drain(lambda: Task.objects.get(pk=task.pk).is_finished)
+    assert Task.objects.get(pk=task.pk).result == "ok"
+
+
+def test_the_next_due_retry_is_reported_so_the_loop_can_wake_for_it(start, temp_workflow):
+    wf = temp_workflow("test.soon", max_attempts=2, backoff_initial=3600, backoff_max=3600)
+    wf.add_step("boom", lambda ctx: (_ for _ in ()).throw(RetryableError("x")))
+    task = start("test.soon")
+    drain(lambda: Task.objects.get(pk=task.pk).state == S.RETRYING)
+    due = Task.objects.get(pk=task.pk).next_attempt_at
+    report = dispatch_once()
+    assert report.next_due == due or due <= timezone.now()
+
+
+def test_a_pending_task_whose_message_was_lost_is_enqueued_again(start, settings):
+    task = start()
+    pop_queued()  # the message is lost
+    assert dispatch_once().reenqueued == 0  # too early to tell it from a slow one
+    Task.objects.filter(pk=task.pk).update(
+        enqueued_at=timezone.now() - timedelta(seconds=settings.PILOT_REENQUEUE_SECONDS + 1))
+    assert dispatch_once().reenqueued == 1
+    assert dispatch_once().reenqueued == 0
+    assert queued_task_ids() == [str(task.pk)]
+
+
+def test_a_cancelling_task_whose_worker_died_is_finished(start, owner, temp_workflow):
+    undone = []
+    wf = temp_workflow("test.orphan")
+    wf.add_step("one", lambda ctx: "done", compensation=lambda ctx: undone.append(ctx.output))
+    wf.add_step("two", lambda ctx: "done")
+
+    plain = start()
+    pop_queued()
+    task_claim(task_id=plain.pk, worker="dies")
+    task_cancel(task_id=plain.pk, user=owner)
+    expire_lease(plain.pk)
+    assert dispatch_once().cancels_finished == 1  # nothing to compensate: settled here
+    assert Task.objects.get(pk=plain.pk).state == S.CANCELLED
+
+    saga = start("test.orphan")
+    claim = task_claim(task_id=pop_queued()[0], worker="dies-after-one")
+    from workflows.engine import checkpoints
+
+    checkpoints.step_started(claim.lease, index=0, name="one", attempts=1)
+    checkpoints.step_succeeded(claim.lease, index=0, name="one", output="done",
+                               next_step=(1, "two", 1))
+    task_cancel(task_id=saga.pk, user=owner)
+    expire_lease(saga.pk)
+    assert dispatch_once().cancels_enqueued == 1
+    assert dispatch_once().cancels_enqueued == 0
+    drain(lambda: Task.objects.get(pk=saga.pk).is_finished)
+    assert Task.objects.get(pk=saga.pk).state == S.CANCELLED
+    assert undone == ["done"]
+    assert StepCheckpoint.objects.get(task_id=saga.pk, index=0).state == "compensated"
+
+
+def test_an_idle_pass_is_a_handful_of_small_queries(start, django_assert_max_num_queries):
+    for _ in range(5):
+        start()
+    drain()
+    with django_assert_max_num_queries(13):
+        report = dispatch_once()
+    assert report.actions == 0
+
+
+def test_recover_tasks_runs_one_pass_and_prints_what_it_did(start, capsys):
+    task = start()
+    pop_queued()
+    task_claim(task_id=task.pk, worker="gone")
+    expire_lease(task.pk)
+    call_command("recover_tasks")
+    out = capsys.readouterr().out
+    assert '"recovered": 1' in out
+    assert Task.objects.get(pk=task.pk).state == S.RETRYING

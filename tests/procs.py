@@ -1,0 +1,139 @@
+"""Real processes for acceptance tests: `qcluster`, `run_dispatcher`, gunicorn.
+
+Each runs in its own session (so its own process group): killing the group
+with SIGKILL takes the django-q2 sentinel, pusher, monitor and every worker
+down at once, as a machine crash would. Everything started is stopped at the
+end of the test, by PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+def database_url() -> str:
+    """The URL of the database this test runs on (the test database)."""
+    s = connection.settings_dict
+    if s["ENGINE"] != "django.db.backends.postgresql":
+        raise RuntimeError("real-process tests run on PostgreSQL")
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def process_env(**overrides) -> dict:
+    env = dict(os.environ)
+    env.update({
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": database_url(),
+        "PILOT_Q_CLUSTER_NAME": settings.Q_CLUSTER["name"],
+        "PILOT_LEASE_SECONDS": "3",
+        "PILOT_HEARTBEAT_SECONDS": "0.5",
+        "PILOT_DISPATCHER_POLL_SECONDS": "0.2",
+        "PILOT_REENQUEUE_SECONDS": "3",
+        "PILOT_Q_WORKERS": "2",
+        "PYTHONUNBUFFERED": "1",
+    })
+    if settings.REDIS_URL:
+        env["REDIS_URL"] = settings.REDIS_URL
+    else:
+        env.pop("REDIS_URL", None)
+    env.update({k: str(v) for k, v in overrides.items()})
+    return env
+
+
+class Proc:
+    def __init__(self, name: str, args: list[str], env: dict):
+        self.name, self.args, self.env = name, args, env
+        ARTIFACTS.mkdir(exist_ok=True)
+        self.log_path = ARTIFACTS / f"{name}.log"
+        self.popen: subprocess.Popen | None = None
+
+    def start(self) -> Proc:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.popen = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def signal_group(self, sig) -> None:
+        if self.popen is not None:
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group, as a crash would, and reap it."""
+        self.signal_group(signal.SIGKILL)
+        if self.popen is not None:
+            self.popen.wait(10)
+
+    def stop(self, timeout: float = 15) -> int | None:
+        """SIGTERM, then SIGKILL after `timeout`; returns the exit code."""
+        if self.popen is None:
+            return None
+        if self.alive:
+            self.signal_group(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.signal_group(signal.SIGKILL)  # leftovers of the group
+        return self.popen.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def manage(name: str, *args: str, env: dict) -> Proc:
+    return Proc(name, [sys.executable, "manage.py", *args], env)
+
+
+class Fleet:
+    """The processes of one test; `stop_all()` in a finally/fixture teardown."""
+
+    def __init__(self, **env_overrides):
+        self.env = process_env(**env_overrides)
+        self.procs: list[Proc] = []
+        self._n = 0
+
+    def start(self, kind: str, *args: str) -> Proc:
+        self._n += 1
+        proc = manage(f"{kind}-{os.getpid()}-{self._n}", kind, *args, env=self.env).start()
+        self.procs.append(proc)
+        return proc
+
+    def workers(self) -> Proc:
+        return self.start("qcluster")
+
+    def dispatcher(self) -> Proc:
+        return self.start("run_dispatcher")
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            proc.stop(timeout=10)
+
+
+def wait_until(condition, timeout: float, interval: float = 0.1, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")

@@ -1,0 +1,33 @@
+"""Workflows that only the tests register (tests/settings.py installs this app),
+so that real worker processes started by the tests know them too."""
+
+import os
+
+from workflows.registry import define_workflow
+
+poison = define_workflow("test.poison", max_attempts=3, backoff_initial=0.1, backoff_max=0.2,
+                         description="Kills the worker process that runs it, every time.")
+
+
+@poison.step
+def die(ctx):
+    os._exit(1)
+
+
+noop3 = define_workflow("test.noop3", max_attempts=3, backoff_initial=0.1, backoff_max=1,
+                        description="Three checkpointed no-op steps (benchmarks).")
+
+
+@noop3.step
+def one(ctx):
+    return 1
+
+
+@noop3.step
+def two(ctx):
+    return 2
+
+
+@noop3.step
+def three(ctx):
+    return 3

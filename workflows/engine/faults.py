@@ -1,0 +1,64 @@
+"""Named fault points: places where a crash is most interesting.
+
+In production `fault_point(name)` does nothing. Tests arm a point to open a
+crash window deterministically:
+
+- in-process: `with faults.armed("after_step_body"): ...` raises SimulatedCrash
+  there (a BaseException, so no engine code handles it — like a dead process,
+  only the open transaction's rollback happens);
+- in a real worker process: PILOT_FAULTS="after_step_body=exit" makes the
+  process `os._exit(137)` there. Nothing sets PILOT_FAULTS in production; the
+  check costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+POINTS = (
+    "after_claim",          # claim committed, no step started
+    "after_step_body",      # a step's body returned, its checkpoint not yet written
+    "after_checkpoint",     # checkpoint committed, the next step not started
+    "during_lease_renewal",  # heartbeat UPDATE sent, not yet committed
+    "before_ack",           # task finished and committed, message not yet acknowledged
+)
+
+
+class SimulatedCrash(BaseException):
+    pass
+
+
+_armed: dict[str, list[int]] = {}  # name -> [passes to let through, crashes left]
+
+
+def _from_env() -> dict[str, str]:
+    raw = os.environ.get("PILOT_FAULTS", "")
+    return dict(item.split("=", 1) for item in raw.split(",") if "=" in item)
+
+
+def fault_point(name: str) -> None:
+    if name in _armed:
+        state = _armed[name]
+        if state[0] > 0:
+            state[0] -= 1
+            return
+        state[1] -= 1
+        if state[1] <= 0:
+            del _armed[name]
+        raise SimulatedCrash(name)
+    if os.environ.get("PILOT_FAULTS") and _from_env().get(name) == "exit":
+        os._exit(137)
+
+
+@contextlib.contextmanager
+def armed(name: str, *, skip: int = 0, times: int = 1):
+    """Let `skip` passes through `name` go by, then crash the next `times`
+    (in this process)."""
+    if name not in POINTS:
+        raise ValueError(f"unknown fault point {name!r}")
+    _armed[name] = [skip, times]
+    try:
+        yield
+    finally:
+        _armed.pop(name, None)

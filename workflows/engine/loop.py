@@ -1,0 +1,48 @@
+"""The dispatcher loop around `dispatch_once`, with a clean stop."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connections
+from django.utils import timezone
+
+from workflows.engine.dispatcher import dispatch_once
+from workflows.observability.events import emit
+
+log = logging.getLogger("pilot.dispatcher")
+
+
+def dispatcher_loop(stop: threading.Event, *, poll: float | None = None,
+                    max_passes: int | None = None) -> int:
+    """Run passes until `stop` is set (or `max_passes` ran). Sleeps `poll`
+    seconds when idle, less when a retry falls due sooner, not at all when a
+    scan was full. Survives a database outage: logs, backs off, reconnects.
+    Returns the number of passes."""
+    poll = settings.PILOT_DISPATCHER_POLL_SECONDS if poll is None else poll
+    passes, outage_wait = 0, poll
+    emit("dispatcher_started", poll_seconds=poll)
+    while not stop.is_set() and (max_passes is None or passes < max_passes):
+        try:
+            close_old_connections()
+            report = dispatch_once()
+            outage_wait = poll
+        except DatabaseError as exc:
+            emit("dispatcher_db_unavailable", level=logging.WARNING, error=str(exc)[:200])
+            connections.close_all()
+            stop.wait(outage_wait)
+            outage_wait = min(outage_wait * 2, 10.0)
+            continue
+        passes += 1
+        if report.full:
+            continue
+        wait = poll
+        if report.next_due is not None:
+            wait = min(wait, max(0.0, (report.next_due - timezone.now()).total_seconds()))
+        stop.wait(wait)
+    emit("dispatcher_stopped", passes=passes)
+    return passes
+
+

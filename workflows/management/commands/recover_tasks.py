@@ -1,0 +1,21 @@
+import json
+
+from django.core.management.base import BaseCommand
+
+from workflows.engine.dispatcher import dispatch_once
+
+
+class Command(BaseCommand):
+    help = ("One dispatcher pass (for cron setups and emergencies): recover expired leases, "
+            "enqueue due retries, settle orphaned cancels, re-enqueue lost messages. Prints "
+            "what it did as JSON.")
+
+    def handle(self, *args, **options):
+        total = {}
+        while True:
+            report = dispatch_once()
+            for action, count in report.as_dict().items():
+                total[action] = total.get(action, 0) + count
+            if not report.full:
+                break
+        self.stdout.write(json.dumps(total, sort_keys=True))
