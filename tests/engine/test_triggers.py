@@ -21,7 +21,7 @@ from workflows.errors import (
     UnknownWorkflow,
     ValidationFailed,
 )
-from workflows.models import Task, TaskTransition
+from workflows.models import Task, TaskReplay, TaskTransition
 from workflows.states import TaskState as S
 
 pytestmark = pytest.mark.django_db
@@ -72,12 +72,14 @@ def test_replay_of_a_succeeded_task_returns_the_cached_result(trigger, owner):
     assert trigger().task.result == {"ok": True}
 
 
-def test_replays_are_counted(trigger):
+def test_replays_are_counted_and_logged_with_their_time(trigger):
     first = trigger()
     for _ in range(4):
         trigger()
     first.task.refresh_from_db()
     assert first.task.replays == 4
+    log = list(TaskReplay.objects.filter(task=first.task).values_list("workflow", "count"))
+    assert log == [("demo.echo", 1)] * 4
 
 
 def test_same_request_restarts_a_failed_task_through_retry(trigger, owner):
@@ -257,6 +259,8 @@ def test_batch_gives_per_item_outcomes_in_input_order(owner, django_capture_on_c
     assert new_1.replays == 1 and new_1.source == "batch"
     existing.refresh_from_db()
     assert existing.replays == 1
+    assert dict(TaskReplay.objects.values_list("task_id", "count")) == {new_1.pk: 1,
+                                                                       existing.pk: 1}
     assert sorted(queued_task_ids()) == sorted([str(new_1.pk), str(results[7].task.pk)])
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workflows.models import StepCheckpoint, Task, TaskTransition
+from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition
 
 
 def tasks_delete(task_ids: list) -> int:
@@ -13,4 +13,5 @@ def tasks_delete(task_ids: list) -> int:
         return 0
     StepCheckpoint.objects.filter(task_id__in=task_ids)._raw_delete(StepCheckpoint.objects.db)
     TaskTransition.objects.filter(task_id__in=task_ids)._raw_delete(TaskTransition.objects.db)
+    TaskReplay.objects.filter(task_id__in=task_ids)._raw_delete(TaskReplay.objects.db)
     return Task.objects.filter(pk__in=task_ids)._raw_delete(Task.objects.db)

@@ -53,7 +53,7 @@ from workflows.fingerprint import (
     normalize_key,
     payload_depth,
 )
-from workflows.models import Task
+from workflows.models import Task, TaskReplay
 from workflows.observability.events import emit_on_commit
 from workflows.registry import Workflow, registry
 from workflows.states import REPLAYABLE_STATES, Source, TaskState
@@ -230,7 +230,7 @@ def _decide_all(owner, prepared: list[_Prepared], source: str, trace_id: str) ->
             else:
                 restarted.append(task)
             outcomes[item.index] = TriggerOutcome(kind, task)
-        _record_replays(replay_counts, now)
+        _record_replays(replay_counts, rows, now)
         enqueue_on_commit([*created_ids, *(t.pk for t in restarted)])
     _report(outcomes, created_ids)
     return outcomes
@@ -300,12 +300,17 @@ def _decide(task: Task, item: _Prepared, owner, now) -> str:
                         "use a new key to run it again")
 
 
-def _record_replays(replay_counts: dict, now) -> None:
+def _record_replays(replay_counts: dict, rows: dict[str, Task], now) -> None:
+    if not replay_counts:
+        return
     by_increment: dict[int, list] = defaultdict(list)
     for task_id, n in replay_counts.items():
         by_increment[n].append(task_id)
     for n, ids in by_increment.items():
         Task.objects.filter(pk__in=ids).update(replays=F("replays") + n, last_replayed_at=now)
+    workflows = {task.pk: task.workflow for task in rows.values()}
+    TaskReplay.objects.bulk_create([TaskReplay(task_id=pk, workflow=workflows[pk], count=n, at=now)
+                                    for pk, n in replay_counts.items()])
 
 
 def _report(outcomes: dict, created_ids: set) -> None:

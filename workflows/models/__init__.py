@@ -1,6 +1,7 @@
 from workflows.models.demo import DemoOrder
+from workflows.models.replay import TaskReplay
 from workflows.models.step import StepCheckpoint
 from workflows.models.task import Task
 from workflows.models.transition import TaskTransition
 
-__all__ = ["DemoOrder", "StepCheckpoint", "Task", "TaskTransition"]
+__all__ = ["DemoOrder", "StepCheckpoint", "Task", "TaskReplay", "TaskTransition"]

@@ -1,0 +1,25 @@
+"""TaskReplay: when duplicate triggers were absorbed (for the dashboard).
+
+`Task.replays` counts them; this append-only log says *when*, so the operator
+console can chart duplicates absorbed per hour. One row per trigger call that
+replayed (a batch that repeats a key n times writes one row with count n).
+Append-only, so concurrent replays of one task never contend on a row; cleanup
+deletes the rows with their task.
+"""
+
+from django.db import models
+from django.utils import timezone
+
+
+class TaskReplay(models.Model):
+    # Indexed: cleanup deletes a task's rows by task_id.
+    task = models.ForeignKey("workflows.Task", on_delete=models.CASCADE, related_name="+")
+    workflow = models.CharField(max_length=100)
+    count = models.PositiveIntegerField(default=1)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            # Dashboard: duplicates absorbed per hour over the last 24 hours.
+            models.Index(fields=["at"], name="replay_at_idx"),
+        ]
