@@ -5,6 +5,7 @@ a production deployment sets `DJANGO_SECRET_KEY`, `DATABASE_URL` (PostgreSQL)
 and usually `REDIS_URL`.
 """
 
+import re
 from pathlib import Path
 
 import dj_database_url
@@ -37,11 +38,14 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_q",
     "workflows",
 ]
 
 MIDDLEWARE = [
+    "workflows.observability.middleware.TraceIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -123,11 +127,47 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 # --- REST framework -------------------------------------------------------------
 
 REST_FRAMEWORK = {
+    # Token for upstream systems, session for browser users; never Basic auth.
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["workflows.api.parsers.BoundedJSONParser"],
+    "EXCEPTION_HANDLER": "workflows.api.problems.problem_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "PILOT API",
+    "VERSION": "1",
+    "DESCRIPTION": (
+        "Trigger workflows idempotently and follow their runs.\n\n"
+        "**Idempotency.** Every trigger carries a key, in the `Idempotency-Key` header "
+        "(bare, or quoted as an RFC 8941 string: both are the same key) or in the body's "
+        "`task_id`. Keys are 1-255 visible ASCII characters and scoped to the calling "
+        "client. Re-sending the same request with the same key never runs the workflow "
+        "again: a pending, running, retrying or succeeded task is returned with "
+        "`Idempotent-Replayed: true` (200); a failed one is restarted from its checkpoints "
+        "(202); a cancelled one is refused (409 `task_cancelled`). The same key with a "
+        "different workflow or payload is refused (422 `idempotency_key_reused`).\n\n"
+        "**Expiry.** A key is remembered until its task has finished and the workflow's "
+        "`idempotency_ttl` (24 hours unless the workflow says otherwise; see "
+        "`GET /workflows`) has passed; after that the same key starts a new task. A task "
+        "that has not finished never expires.\n\n"
+        "**Errors** are `application/problem+json` with a stable `code`."
+    ),
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "workflows.api.schema.strict_request_bodies"],
+    "ENUM_NAME_OVERRIDES": {"TaskStateEnum": "workflows.states.TaskState",
+                            "StepStateEnum": "workflows.states.StepState"},
 }
 
 # --- PILOT ------------------------------------------------------------------------
@@ -143,9 +183,25 @@ PILOT_REENQUEUE_SECONDS = env_float("PILOT_REENQUEUE_SECONDS", 10.0, minimum=0.5
 PILOT_Q_WORKERS = env_int("PILOT_Q_WORKERS", 2, minimum=1)
 PILOT_MAX_PAYLOAD_BYTES = env_int("PILOT_MAX_PAYLOAD_BYTES", 262144, minimum=2)
 PILOT_TRIGGER_RATE = env_str("PILOT_TRIGGER_RATE", "6000/min")
+if not re.fullmatch(r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)", PILOT_TRIGGER_RATE):
+    raise ImproperlyConfigured(
+        f"PILOT_TRIGGER_RATE={PILOT_TRIGGER_RATE!r} must look like 6000/min (s, min, hour, day)")
 # Longest a single django-q2 delivery may run before its worker is killed; the
 # lease and checkpoints make the kill safe, the next attempt resumes.
 PILOT_TASK_TIMEOUT = env_int("PILOT_TASK_TIMEOUT", 1800, minimum=1)
+
+# A cache shared by every process (the trigger throttle counts in it): the
+# database by default, Redis when REDIS_URL is set.
+REDIS_URL = env_str("REDIS_URL")
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                          "LOCATION": REDIS_URL, "KEY_PREFIX": "pilot"}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache",
+                          "LOCATION": "pilot_cache"}}
+# django-q2 writes cluster statistics to a cache every guard cycle; nothing reads
+# them (PILOT's Task table is the record), so keep them in process memory.
+CACHES["djangoq"] = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 
 # --- django-q2 ------------------------------------------------------------------
 # Its defaults retry forever and redeliver a still-running task after `retry`
@@ -153,8 +209,6 @@ PILOT_TASK_TIMEOUT = env_int("PILOT_TASK_TIMEOUT", 1800, minimum=1)
 # redelivered message must be, and is, harmless: `retry` > `timeout`, one
 # attempt, failures acknowledged, and no result rows (the Task table is the
 # record). The `pilot.E00x` system checks refuse a configuration that breaks this.
-
-REDIS_URL = env_str("REDIS_URL")
 
 Q_CLUSTER = {
     "name": env_str("PILOT_Q_CLUSTER_NAME", "pilot"),
@@ -168,6 +222,7 @@ Q_CLUSTER = {
     "recycle": 500,
     "poll": 0.1,
     "label": "Django Q",
+    "cache": "djangoq",
 }
 if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL

@@ -23,3 +23,7 @@ LOGGING["root"]["level"] = "WARNING"  # noqa: F405
 
 # Test-only workflows (test.poison, ...) registered in every process the tests start.
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]  # noqa: F405
+
+# A shared Redis cache outlives the test database: give every run its own key
+# space, or a throttle counter from an earlier run would leak into this one.
+CACHES["default"]["KEY_PREFIX"] = f"pilot-test-{os.getpid()}-{os.urandom(4).hex()}"  # noqa: F405

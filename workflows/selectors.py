@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
-from workflows.errors import TaskNotFound
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from workflows.errors import IdempotencyKeyInvalid, TaskNotFound, ValidationFailed
+from workflows.fingerprint import normalize_key
 from workflows.models import Task
+from workflows.states import TaskState
+
+LIST_FILTERS = ("state", "workflow", "idempotency_key", "created_after", "created_before")
+LIST_CONTROLS = ("cursor", "page_size")
 
 
 def can_view_all(user) -> bool:
@@ -30,3 +39,47 @@ def task_get_for(user, task_id) -> Task:
     if task is None:
         raise TaskNotFound("No such task")
     return task
+
+
+def _parse_time(name: str, raw: str) -> datetime:
+    value = parse_datetime(raw.strip().replace(" ", "+"))
+    if value is None:
+        raise ValidationFailed(f"{name} is not an ISO 8601 date-time",
+                               errors={name: ["Use ISO 8601, e.g. 2026-11-29T10:00:00Z."]})
+    return value if timezone.is_aware(value) else timezone.make_aware(value, UTC)
+
+
+def tasks_filtered_for(user, params):
+    """The tasks `user` may see, filtered by the list API's query parameters
+    (state — one or several, comma-separated —, workflow, idempotency_key,
+    created_after, created_before). Unknown parameters and bad values raise
+    ValidationFailed instead of being ignored, so a typo never returns
+    everything."""
+    unknown = sorted(set(params) - set(LIST_FILTERS) - set(LIST_CONTROLS))
+    nul = sorted(name for name in set(params) & set(LIST_FILTERS) if "\x00" in params[name])
+    if nul:
+        raise ValidationFailed("Query parameters may not contain NUL characters",
+                               errors={name: ["Contains a NUL character."] for name in nul})
+    if unknown:
+        raise ValidationFailed("Unknown query parameter(s): " + ", ".join(unknown),
+                               errors={name: ["Unknown filter."] for name in unknown})
+    qs = tasks_visible_to(user)
+    if "state" in params:
+        states = [s.strip() for s in params["state"].split(",")]
+        bad = [s for s in states if s not in TaskState.values]
+        if bad:
+            raise ValidationFailed("Unknown state", errors={"state": [
+                f"{', '.join(bad)} is not one of {', '.join(TaskState.values)}."]})
+        qs = qs.filter(state__in=states)
+    if "workflow" in params:
+        qs = qs.filter(workflow=params["workflow"])
+    if "idempotency_key" in params:
+        try:
+            qs = qs.filter(idempotency_key=normalize_key(params["idempotency_key"]))
+        except IdempotencyKeyInvalid as exc:
+            raise ValidationFailed(exc.detail, errors={"idempotency_key": [exc.detail]}) from None
+    if "created_after" in params:
+        qs = qs.filter(created_at__gt=_parse_time("created_after", params["created_after"]))
+    if "created_before" in params:
+        qs = qs.filter(created_at__lt=_parse_time("created_before", params["created_before"]))
+    return qs

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from workflows.errors import NonRetryableError, RetryableError
+from workflows.fields import JSONBoolean, JSONInteger, JSONNumber, JSONString
 from workflows.models import DemoOrder
 from workflows.registry import define_workflow
 
@@ -21,9 +22,9 @@ def echo_step(ctx):
 # --- demo.sync_orders ---------------------------------------------------------------------
 
 class SyncOrdersPayload(serializers.Serializer):
-    batch = serializers.CharField(max_length=100)
-    count = serializers.IntegerField(min_value=1, max_value=10000)
-    step_seconds = serializers.FloatField(min_value=0, max_value=3600, required=False, default=0)
+    batch = JSONString(max_length=100)
+    count = JSONInteger(min_value=1, max_value=10000)
+    step_seconds = JSONNumber(min_value=0, max_value=3600, required=False, default=0)
 
 
 sync_orders = define_workflow(
@@ -59,7 +60,7 @@ def write(ctx):
 # --- demo.flaky ----------------------------------------------------------------------------
 
 class FlakyPayload(serializers.Serializer):
-    fail_times = serializers.IntegerField(min_value=0, max_value=1000)
+    fail_times = JSONInteger(min_value=0, max_value=1000)
 
 
 flaky = define_workflow(
@@ -78,8 +79,8 @@ def attempt(ctx):
 # --- demo.slow -----------------------------------------------------------------------------
 
 class SlowPayload(serializers.Serializer):
-    steps = serializers.IntegerField(min_value=1, max_value=50)
-    seconds = serializers.FloatField(min_value=0, max_value=3600)
+    steps = JSONInteger(min_value=1, max_value=50)
+    seconds = JSONNumber(min_value=0, max_value=3600)
 
 
 slow = define_workflow(
@@ -105,7 +106,7 @@ for _n in range(50):
 # --- demo.saga -----------------------------------------------------------------------------
 
 class SagaPayload(serializers.Serializer):
-    fail = serializers.BooleanField()
+    fail = JSONBoolean()
 
 
 saga = define_workflow(

@@ -173,6 +173,10 @@ def _prepare(index: int, request: TriggerRequest) -> _Prepared:
         raise ValidationFailed(
             "The payload must be plain JSON (no NaN or Infinity)",
             errors={"payload": ["Must be plain JSON (no NaN or Infinity)."]}) from None
+    if "\\u0000" in canonical_payload:
+        # PostgreSQL's jsonb cannot store NUL; refuse it on every database alike.
+        raise ValidationFailed("The payload contains a NUL character (\\u0000)",
+                               errors={"payload": ["Strings may not contain \\u0000."]})
     limit = settings.PILOT_MAX_PAYLOAD_BYTES
     size = len(canonical_payload.encode("utf-8"))
     if size > limit:

@@ -1,0 +1,38 @@
+"""A database outage is a 503 `unavailable` problem, never a 500. The outage is
+real: the connection is pointed at a port where no server listens, then back."""
+
+import contextlib
+
+import pytest
+from django.db import connection
+
+from tests.api.conftest import assert_problem, trigger
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+@contextlib.contextmanager
+def database_down():
+    saved = dict(connection.settings_dict)
+    connection.close()
+    connection.settings_dict["PORT"] = "1"
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(saved)
+
+
+def test_requests_during_a_database_outage_get_503_and_recover_after(api, anon):
+    with database_down():
+        r = trigger(api)
+        body = assert_problem(r, 503, "unavailable")
+        assert r["Retry-After"] == "2" and "database" in body["detail"]
+        assert_problem(api.get("/api/v1/tasks"), 503, "unavailable")
+        ready = anon.get("/readyz")
+        assert_problem(ready, 503, "unavailable")
+        assert ready.json()["checks"]["database"] is False
+        assert anon.get("/healthz").status_code == 200  # the process itself is alive
+    assert trigger(api).status_code == 202
+    assert anon.get("/readyz").status_code == 200

@@ -1,0 +1,201 @@
+"""OpenAPI documentation pieces, kept out of the views so they stay thin.
+
+The schema must tell the truth: every documented status comes with the
+problem body it returns, and the Idempotency-Key header with its limits.
+"""
+
+from __future__ import annotations
+
+import re
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer
+from rest_framework import serializers
+
+from workflows.api.serializers import (
+    BatchResponseSerializer,
+    KeyField,
+    ProblemSerializer,
+    TaskSerializer,
+)
+from workflows.engine.triggers import MAX_BATCH
+
+# status -> the codes that status carries
+CODES = {
+    400: "idempotency_key_missing, idempotency_key_invalid, idempotency_key_mismatch, "
+         "unknown_workflow, validation_error, parse_error",
+    401: "not_authenticated",
+    403: "permission_denied",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "task_cancelled (trigger), invalid_transition (cancel/retry), conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "idempotency_key_reused",
+    429: "throttled (see Retry-After)",
+    503: "unavailable",
+}
+
+
+_STATE = "(pending|running|retrying|cancelling|succeeded|failed|cancelled)"
+# A bare key (1-255 visible ASCII, not starting with a quote) or an RFC 8941
+# sf-string holding one (only \" and \\ escapes). The end is `(?![\s\S])`, not
+# `$`, because Python's `$` (which test generators use) also matches before a
+# final newline; both regex dialects read the lookahead as "end of input".
+KEY_PATTERN = (r'^(?:[\x21\x23-\x7e][\x21-\x7e]{0,254}'
+               r'|"(?:[\x21\x23-\x5b\x5d-\x7e]|\\[\x22\x5c]){1,255}")(?![\s\S])')
+KEY_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 512, "pattern": KEY_PATTERN}
+
+
+def errors(*statuses: int) -> dict:
+    """Documented error responses: `application/problem+json` bodies, with the
+    codes each status carries."""
+    return {(s, "application/problem+json"): OpenApiResponse(
+        ProblemSerializer, description=f"Problem: {CODES[s]}") for s in statuses}
+
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key", KEY_SCHEMA, OpenApiParameter.HEADER, required=False,
+    description="The request's idempotency key: 1-255 visible ASCII characters (0x21-0x7E), "
+                "bare (`abc-123`) or as an RFC 8941 string (`\"abc-123\"`); both are the same "
+                "key. Scoped to the calling client. Required unless the body carries "
+                "`task_id` or the workflow derives keys from its payload (`key_fields`). "
+                "Remembered until the task finished and the workflow's idempotency TTL "
+                "(default 24 h) passed.")
+
+TRIGGER_DESCRIPTION = (
+    "Trigger a workflow. Idempotent per (client, key): 202 + Location for a new task; "
+    "200 with `Idempotent-Replayed: true` for a replay of a pending, running, retrying or "
+    "succeeded task (the same task, with its result when it has one); 202 when a failed task "
+    "is restarted from its checkpoints; 409 `task_cancelled`; 422 `idempotency_key_reused` "
+    "when the key was used for a different workflow or payload.")
+
+TRIGGER_RESPONSE_HEADERS = [
+    OpenApiParameter("Idempotent-Replayed", {"type": "string", "enum": ["true", "false"]},
+                     OpenApiParameter.HEADER, response=[200, 202],
+                     description="`true` when this response replays an earlier trigger."),
+    OpenApiParameter("Location", OpenApiTypes.STR, OpenApiParameter.HEADER, response=[202],
+                     description="The task's URL."),
+]
+
+TRIGGER_RESPONSES = {
+    202: OpenApiResponse(TaskSerializer, description="Created (or a failed task restarted); "
+                                                     "Location names the task."),
+    200: OpenApiResponse(TaskSerializer, description="Replayed: `Idempotent-Replayed: true`."),
+    **errors(400, 401, 403, 409, 413, 415, 422, 429, 503),
+}
+
+LIST_PARAMETERS = [
+    OpenApiParameter("cursor", OpenApiTypes.STR,
+                     description="Opaque position from a previous page's `next`/`previous`."),
+    OpenApiParameter("page_size", {"type": "integer", "minimum": 1, "maximum": 200},
+                     description="Tasks per page (default 50)."),
+    OpenApiParameter("state", {"type": "string", "pattern": f"^{_STATE}(,{_STATE})*$"},
+                     description="One or more states, comma-separated."),
+    OpenApiParameter("workflow", OpenApiTypes.STR),
+    OpenApiParameter("idempotency_key", KEY_SCHEMA,
+                     description="Bare or RFC 8941 quoted, as in the header."),
+    OpenApiParameter("created_after", OpenApiTypes.DATETIME),
+    OpenApiParameter("created_before", OpenApiTypes.DATETIME),
+]
+
+
+class BatchItemDoc(serializers.Serializer):
+    # Nothing is required at the batch level: each item is checked on its own
+    # and a bad one gets its own 400 result while the others go through.
+    idempotency_key = serializers.JSONField(required=False, help_text="A key, as in the header.")
+    workflow = serializers.JSONField(required=False, help_text="A registered workflow name.")
+    payload = serializers.JSONField(required=False, help_text="A JSON object.")
+
+
+class BatchRequestDoc(serializers.Serializer):
+    # Items are any JSON at the batch level: one that is not a valid trigger
+    # object gets its own 400 result (see BatchItemDoc for the shape).
+    tasks = serializers.ListField(
+        child=serializers.JSONField(allow_null=True), min_length=1, max_length=MAX_BATCH,
+        help_text=f"1 to {MAX_BATCH} triggers, each an object with idempotency_key, workflow "
+                  "and payload (BatchItemDoc).")
+
+
+class _BatchItemDocHolder(serializers.Serializer):
+    example_item = BatchItemDoc()
+
+
+class TaskPageDoc(serializers.Serializer):
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = TaskSerializer(many=True)
+
+
+_trigger_shapes: dict = {}
+
+
+def trigger_shapes() -> dict:
+    """One documented request shape per registered workflow, keyed by its name:
+    `workflow` is that name and `payload` that workflow's payload serializer, so
+    the schema says exactly what each workflow accepts."""
+    from workflows.registry import registry
+
+    names = tuple(registry.names())
+    if names not in _trigger_shapes:
+        shapes = {}
+        for workflow in registry.all():
+            if workflow.payload_serializer is not None:
+                payload = workflow.payload_serializer(help_text=f"Input of {workflow.name}.")
+            else:
+                payload = serializers.DictField(required=False, help_text="Any JSON object.")
+            title = "".join(part.title() for part in re.split(r"[._]", workflow.name))
+            shapes[workflow.name] = type(f"Trigger{title}", (serializers.Serializer,), {
+                "workflow": serializers.ChoiceField(choices=[workflow.name]),
+                "payload": payload,
+                "task_id": KeyField(
+                    KEY_PATTERN, required=False, min_length=1, max_length=512,
+                    help_text="The idempotency key, if not in the Idempotency-Key header."),
+            })
+        _trigger_shapes.clear()
+        _trigger_shapes[names] = shapes
+    return _trigger_shapes[names]
+
+
+TRIGGER_REQUEST = PolymorphicProxySerializer(component_name="Trigger",
+                                             serializers=trigger_shapes,
+                                             resource_type_field_name="workflow")
+
+
+def strict_request_bodies(result, generator, request, public):
+    """drf-spectacular postprocessing hook: trigger bodies are required, and
+    request bodies that refuse unknown fields say so (`additionalProperties:
+    false`)."""
+    for path in ("/api/v1/tasks", "/api/v1/tasks/batch"):
+        body = result.get("paths", {}).get(path, {}).get("post", {}).get("requestBody")
+        if body is not None:
+            body["required"] = True
+    for name, component in result.get("components", {}).get("schemas", {}).items():
+        if name.startswith("Trigger") or name in (
+                "CancelRequest", "RetryRequest", "BatchRequestDocRequest"):
+            if component.get("type") == "object":
+                component["additionalProperties"] = False
+    return result
+
+
+BATCH_DESCRIPTION = (
+    f"Up to {MAX_BATCH} triggers in one request and a handful of queries. The response lists "
+    "one result per item, in input order: `status` is the HTTP status that item would get "
+    "alone (202, 200, 400, 409, 413, 422), with `code` for errors. Items are decided as if "
+    "sent one after another: a key repeated within the batch replays the first. A malformed "
+    "batch (not an object, no `tasks`, more than 1000) is a 400 for the whole request.")
+
+BATCH_RESPONSES = {200: BatchResponseSerializer, **errors(400, 401, 403, 413, 415, 429, 503)}
+
+CANCEL_DESCRIPTION = (
+    "Cancel a task. Pending and retrying tasks are cancelled at once (or go through "
+    "`cancelling` when succeeded steps must be compensated); a running task becomes "
+    "`cancelling` and its worker stops at the next step boundary or heartbeat, runs the "
+    "compensations and ends it `cancelled`. 409 `invalid_transition` for a finished or "
+    "already cancelling task.")
+
+RETRY_DESCRIPTION = (
+    "Retry a failed or cancelled task with a fresh budget of attempts. It resumes from its "
+    "checkpoints, or from the first step with `from_start: true`. 409 `invalid_transition` "
+    "for any other state.")

@@ -1,0 +1,133 @@
+"""What goes over the wire: task representation (out), trigger requests (in).
+
+Input serializers only validate shape; the engine validates meaning (key
+syntax, workflow, payload schema) so every entry point refuses the same things
+with the same codes. Unknown input fields are refused rather than ignored, so
+a client can never believe it set `state` or `result`.
+"""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from workflows.engine.triggers import MAX_BATCH
+from workflows.models import StepCheckpoint, Task
+from workflows.states import TaskState
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not declare (no mass assignment of read-only data)."""
+
+    def validate(self, attrs):
+        unknown = set(getattr(self, "initial_data", {}) or {}) - set(self.fields)
+        if unknown:
+            raise serializers.ValidationError(
+                {name: ["Unknown field; it cannot be set."] for name in sorted(unknown)})
+        return attrs
+
+
+class StringField(serializers.CharField):
+    """A CharField that refuses numbers and booleans instead of coercing them
+    (`"task_id": 0` is a mistake, not the key "0") and NUL characters, which no
+    database text column can hold."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str) or "\x00" in data:
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class KeyField(StringField, serializers.RegexField):
+    pass
+
+
+# --- out --------------------------------------------------------------------------------
+
+class StepSerializer(serializers.ModelSerializer):
+    output = serializers.JSONField(allow_null=True)
+
+    class Meta:
+        model = StepCheckpoint
+        fields = ["index", "name", "state", "attempts", "output", "error", "started_at",
+                  "finished_at"]
+        read_only_fields = fields
+
+
+class TaskSerializer(serializers.ModelSerializer):
+    payload = serializers.JSONField()
+    result = serializers.JSONField(allow_null=True)
+    steps = StepSerializer(many=True, read_only=True)
+    state = serializers.ChoiceField(choices=TaskState.choices)
+
+    class Meta:
+        model = Task
+        fields = ["id", "idempotency_key", "workflow", "state", "payload", "result", "error",
+                  "error_type", "attempts", "max_attempts", "replays", "next_attempt_at",
+                  "source", "trace_id", "created_at", "started_at", "finished_at",
+                  "expires_at", "steps"]
+        read_only_fields = fields
+
+
+class BatchResultSerializer(serializers.Serializer):
+    status = serializers.IntegerField(help_text="The HTTP status this item would get alone.")
+    code = serializers.CharField(required=False, help_text="The error code, for errors.")
+    detail = serializers.CharField(required=False)
+    errors = serializers.DictField(required=False)
+    replayed = serializers.BooleanField(required=False)
+    task = TaskSerializer(required=False)
+
+
+class BatchResponseSerializer(serializers.Serializer):
+    results = BatchResultSerializer(many=True)
+
+
+class ProblemSerializer(serializers.Serializer):
+    type = serializers.CharField()
+    title = serializers.CharField()
+    status = serializers.IntegerField()
+    detail = serializers.CharField()
+    code = serializers.CharField(help_text="Stable machine-readable error code.")
+    errors = serializers.DictField(required=False, help_text="Per-field errors (400).")
+
+
+class WorkflowSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    description = serializers.CharField()
+    steps = serializers.ListField(child=serializers.DictField())
+    max_attempts = serializers.IntegerField()
+    backoff = serializers.DictField()
+    idempotency_ttl_seconds = serializers.FloatField()
+    key_fields = serializers.ListField(child=serializers.CharField())
+
+
+# --- in ---------------------------------------------------------------------------------
+
+class TriggerSerializer(StrictSerializer):
+    workflow = StringField(max_length=200, help_text="A registered workflow name.")
+    payload = serializers.DictField(required=False, default=dict,
+                                    help_text="The workflow's input (a JSON object).")
+    task_id = KeyField(
+        r"^[\x21-\x7e]+$", required=False, min_length=1, max_length=512,
+        help_text="The idempotency key, if not sent in the Idempotency-Key header.")
+
+
+class BatchItemSerializer(StrictSerializer):
+    idempotency_key = StringField(required=False, max_length=300)
+    workflow = StringField(max_length=200)
+    payload = serializers.DictField(required=False, default=dict)
+
+
+class BatchSerializer(StrictSerializer):
+    # Items are checked one by one in the view, so one bad item fails alone.
+    tasks = serializers.ListField(child=serializers.JSONField(allow_null=True), min_length=1,
+                                  max_length=MAX_BATCH)
+
+
+class RetrySerializer(StrictSerializer):
+    from_start = serializers.BooleanField(
+        required=False, default=False,
+        help_text="Run every step again instead of resuming from the checkpoints.")
+
+
+class CancelSerializer(StrictSerializer):
+    reason = StringField(required=False, allow_blank=True, max_length=500, default="")

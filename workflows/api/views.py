@@ -1,0 +1,208 @@
+"""The REST API (SPEC §8). Thin views: validate, call one engine or selector
+function, serialize. Errors are raised and rendered by api.problems."""
+
+from __future__ import annotations
+
+from django.db.models import Prefetch
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from workflows.api import schema as docs
+from workflows.api.pagination import TaskCursorPagination
+from workflows.api.permissions import CanTrigger
+from workflows.api.problems import pilot_error_dict
+from workflows.api.serializers import (
+    BatchItemSerializer,
+    BatchSerializer,
+    CancelSerializer,
+    RetrySerializer,
+    TaskSerializer,
+    TriggerSerializer,
+    WorkflowSerializer,
+)
+from workflows.api.throttling import TriggerRateThrottle, trigger_throttle_consume
+from workflows.engine.operations import task_cancel, task_retry
+from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
+from workflows.errors import IdempotencyKeyMismatch, PilotError, ValidationFailed
+from workflows.fingerprint import normalize_key
+from workflows.models import StepCheckpoint
+from workflows.registry import registry
+from workflows.selectors import task_get_for, tasks_filtered_for
+from workflows.states import Source
+
+MAX_BATCH_BODY_BYTES = 16 * 1024 * 1024
+
+
+def _with_steps(queryset):
+    return queryset.prefetch_related(
+        Prefetch("steps", queryset=StepCheckpoint.objects.order_by("index")))
+
+
+def _key_from(request, body_key):
+    """The idempotency key as sent: the Idempotency-Key header (bare or RFC 8941
+    quoted) or the body's task_id; the engine normalizes it (once — a key that
+    is itself a quote character must not be unquoted twice). Both present and
+    naming different keys is a 400."""
+    header = request.headers.get("Idempotency-Key")
+    if header is not None and body_key is not None \
+            and normalize_key(header) != normalize_key(body_key):
+        raise IdempotencyKeyMismatch(
+            "The Idempotency-Key header and the body's task_id name different keys")
+    return header if header is not None else body_key
+
+
+def _trigger_response(outcome) -> Response:
+    task = outcome.task
+    headers = {"Idempotent-Replayed": "true" if outcome.replayed else "false"}
+    if outcome.http_status == status.HTTP_202_ACCEPTED:
+        headers["Location"] = f"/api/v1/tasks/{task.pk}"
+    return Response(TaskSerializer(task).data, status=outcome.http_status, headers=headers)
+
+
+def _validated(serializer_class, data, what: str = "The request body"):
+    """Shape-check `data` with `serializer_class`; ValidationFailed (400) if wrong."""
+    if not isinstance(data, dict):
+        raise ValidationFailed(f"{what} must be a JSON object",
+                               errors={"non_field_errors": ["Expected a JSON object."]})
+    serializer = serializer_class(data=data)
+    if not serializer.is_valid():
+        raise ValidationFailed(f"{what} is not valid; see errors",
+                               errors=_plain(serializer.errors))
+    return serializer.validated_data
+
+
+class TaskCollectionView(APIView):
+    """GET: list the caller's tasks. POST: trigger a workflow idempotently."""
+
+    def get_permissions(self):
+        if self.request.method == "POST":
+            return [IsAuthenticated(), CanTrigger()]
+        return [IsAuthenticated()]
+
+    def get_throttles(self):
+        return [TriggerRateThrottle()] if self.request.method == "POST" else []
+
+    @extend_schema(operation_id="tasks_list", parameters=docs.LIST_PARAMETERS,
+                   responses={200: docs.TaskPageDoc, **docs.errors(400, 401)},
+                   description="The caller's tasks, newest first (all tasks with the "
+                               "workflows.view_all_tasks permission). Cursor pagination.")
+    def get(self, request):
+        tasks = tasks_filtered_for(request.user, request.query_params)
+        paginator = TaskCursorPagination()
+        page = paginator.paginate_queryset(_with_steps(tasks), request, view=self)
+        return paginator.get_paginated_response(TaskSerializer(page, many=True).data)
+
+    @extend_schema(operation_id="tasks_trigger", request=docs.TRIGGER_REQUEST,
+                   parameters=[docs.IDEMPOTENCY_KEY, *docs.TRIGGER_RESPONSE_HEADERS],
+                   responses=docs.TRIGGER_RESPONSES,
+                   description=docs.TRIGGER_DESCRIPTION)
+    def post(self, request):
+        data = _validated(TriggerSerializer, request.data)
+        outcome = task_trigger(owner=request.user, key=_key_from(request, data.get("task_id")),
+                               workflow=data["workflow"], payload=data["payload"],
+                               source=Source.API, trace_id=request.trace_id)
+        return _trigger_response(outcome)
+
+
+class TaskBatchView(APIView):
+    """POST: up to 1000 triggers in one request, one result per item, in order."""
+
+    permission_classes = [IsAuthenticated, CanTrigger]
+    max_body_bytes = MAX_BATCH_BODY_BYTES
+
+    @extend_schema(operation_id="tasks_trigger_batch", request=docs.BatchRequestDoc,
+                   responses=docs.BATCH_RESPONSES, description=docs.BATCH_DESCRIPTION)
+    def post(self, request):
+        items = _validated(BatchSerializer, request.data)["tasks"]
+        trigger_throttle_consume(request.user, len(items))
+        requests, results = [], [None] * len(items)
+        for index, item in enumerate(items):
+            try:
+                data = _validated(BatchItemSerializer, item, what="This item")
+            except ValidationFailed as exc:
+                results[index] = pilot_error_dict(exc)
+                continue
+            requests.append((index, TriggerRequest(data["workflow"], data["payload"],
+                                                   data.get("idempotency_key"))))
+        if requests:
+            outcomes = task_trigger_many(owner=request.user, requests=[r for _, r in requests],
+                                         source=Source.BATCH, trace_id=request.trace_id)
+            tasks = [o.task for o in outcomes if not isinstance(o, PilotError)]
+            steps = _steps_by_task(tasks)
+            for (index, _), outcome in zip(requests, outcomes, strict=True):
+                if isinstance(outcome, PilotError):
+                    results[index] = pilot_error_dict(outcome)
+                    continue
+                task = outcome.task
+                task._prefetched_objects_cache = {"steps": steps.get(task.pk, [])}
+                results[index] = {"status": outcome.http_status, "replayed": outcome.replayed,
+                                  "task": TaskSerializer(task).data}
+        return Response({"results": [_batch_item(r) for r in results]})
+
+
+def _plain(detail):
+    if isinstance(detail, dict):
+        return {str(k): _plain(v) for k, v in detail.items()}
+    if isinstance(detail, list):
+        return [_plain(v) for v in detail]
+    return str(detail)
+
+
+def _batch_item(result: dict) -> dict:
+    if "task" in result:
+        return result
+    item = {"status": result["status"], "code": result["code"], "detail": result["detail"]}
+    if result.get("errors") is not None:
+        item["errors"] = result["errors"]
+    return item
+
+
+def _steps_by_task(tasks) -> dict:
+    by_task: dict = {}
+    ids = [t.pk for t in tasks]
+    if ids:
+        for step in StepCheckpoint.objects.filter(task_id__in=ids).order_by("index"):
+            by_task.setdefault(step.task_id, []).append(step)
+    return by_task
+
+
+class TaskDetailView(APIView):
+    @extend_schema(operation_id="tasks_read", responses={200: TaskSerializer,
+                                                         **docs.errors(401, 404)})
+    def get(self, request, task_id):
+        task = task_get_for(request.user, task_id)
+        return Response(TaskSerializer(_with_steps(type(task).objects.filter(pk=task.pk))
+                                       .get()).data)
+
+
+class TaskCancelView(APIView):
+    @extend_schema(operation_id="tasks_cancel", request=CancelSerializer,
+                   responses={200: TaskSerializer, **docs.errors(400, 401, 403, 404, 409)},
+                   description=docs.CANCEL_DESCRIPTION)
+    def post(self, request, task_id):
+        data = _validated(CancelSerializer, request.data or {})
+        task = task_cancel(task_id=task_get_for(request.user, task_id).pk, user=request.user,
+                           reason=data["reason"] or "cancelled through the API")
+        return Response(TaskSerializer(task).data)
+
+
+class TaskRetryView(APIView):
+    @extend_schema(operation_id="tasks_retry", request=RetrySerializer,
+                   responses={202: TaskSerializer, **docs.errors(400, 401, 403, 404, 409)},
+                   description=docs.RETRY_DESCRIPTION)
+    def post(self, request, task_id):
+        data = _validated(RetrySerializer, request.data or {})
+        task = task_retry(task_id=task_get_for(request.user, task_id).pk, user=request.user,
+                          from_start=data["from_start"])
+        return Response(TaskSerializer(task).data, status=status.HTTP_202_ACCEPTED)
+
+
+class WorkflowListView(APIView):
+    @extend_schema(operation_id="workflows_list",
+                   responses={200: WorkflowSerializer(many=True), **docs.errors(401)})
+    def get(self, request):
+        return Response([w.describe() for w in registry.all()])
+
