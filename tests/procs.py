@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from django.conf import settings
@@ -124,9 +126,61 @@ class Fleet:
     def dispatcher(self) -> Proc:
         return self.start("run_dispatcher")
 
+    def web(self, workers: int = 3) -> tuple[Proc, str]:
+        """gunicorn serving the app on a free loopback port; returns (proc, base URL)
+        once it answers /healthz."""
+        port = free_port()
+        self._n += 1
+        proc = Proc(f"web-{os.getpid()}-{self._n}",
+                    [sys.executable, "-m", "gunicorn", "pilot.wsgi", "-w", str(workers),
+                     "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5",
+                     "--access-logfile", "-"], self.env).start()
+        self.procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _answers(f"{url}/healthz"), 30, what="gunicorn to start")
+        return proc, url
+
     def stop_all(self) -> None:
         for proc in self.procs:
             proc.stop(timeout=10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set size of one process, from /proc."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Every process in process group `pgid` (a fleet member and its children)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid:
+                    pids.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return pids
 
 
 def wait_until(condition, timeout: float, interval: float = 0.1, what: str = ""):

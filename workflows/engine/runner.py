@@ -13,6 +13,7 @@ atomic step, which runs inside its own fenced transaction by design.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from datetime import timedelta
 
@@ -86,8 +87,9 @@ class _Run:
         except CancelRequested:
             return self._cancel_in_flight()
         except LeaseLost as lost:
-            emit("lease_lost", task_id=str(self.task.pk), workflow=self.task.workflow,
-                 attempt=self.task.attempts, detail=lost.detail)
+            # A warning: a healthy fleet loses leases only to crashes or pauses.
+            emit("lease_lost", level=logging.WARNING, task_id=str(self.task.pk),
+                 workflow=self.task.workflow, attempt=self.task.attempts, detail=lost.detail)
             self.report.outcome = "lease_lost"
             return self.report
 

@@ -1,0 +1,137 @@
+"""Duplicate storms and lost responses against a real HTTP server and real
+worker processes, on PostgreSQL. Each ends with the invariant checker."""
+
+import random
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.faults.client import request
+from tests.faults.invariants import Observed, violations
+from tests.procs import Fleet, wait_until
+from workflows.accounts import api_client_create
+from workflows.models import StepCheckpoint, Task
+from workflows.states import FINISHED_STATES
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def fleet():
+    """gunicorn (3 workers), qcluster and a dispatcher on the test database."""
+    fleet = Fleet(PILOT_LEASE_SECONDS=3, PILOT_DISPATCHER_POLL_SECONDS=0.2)
+    fleet.dispatcher()
+    fleet.workers()
+    _, fleet.url = fleet.web()
+    yield fleet
+    fleet.stop_all()
+
+
+def all_finished():
+    return not Task.objects.exclude(state__in=FINISHED_STATES).exists()
+
+
+def test_a_duplicate_storm_with_impatient_clients_runs_each_key_once(fleet):
+    user, token = api_client_create("storm")
+    rng = random.Random(7)
+    observed = Observed()
+    lock = threading.Lock()
+    plan = [(f"storm-{i}", [rng.uniform(0.05, 0.5) for _ in range(5)]) for i in range(1000)]
+
+    def send(key, timeouts):
+        for timeout in timeouts:
+            try:
+                r = request(fleet.url, "POST", "/api/v1/tasks", token=token,
+                            headers={"Idempotency-Key": key}, timeout=timeout,
+                            body={"workflow": "demo.echo", "payload": {"key": key}})
+            except OSError:
+                continue  # gave up waiting: retry with the same key, as upstreams do
+            with lock:
+                if r.status >= 500:
+                    observed.server_errors.append(f"{r.status} {key}")
+                elif r.status in (200, 202):
+                    observed.acknowledged[(user.pk, key)] = r.json()["id"]
+            return
+
+    with ThreadPoolExecutor(20) as pool:
+        list(pool.map(lambda item: send(*item), plan))
+    wait_until(all_finished, 180, interval=0.5, what="every stormed task to finish")
+    assert violations(observed) == []
+    assert len(observed.acknowledged) > 500  # most keys got an answer in 5 tries
+    assert Task.objects.count() <= 1000
+    # Zero duplicate executions: every task ran its step exactly once.
+    assert set(Task.objects.values_list("attempts", flat=True)) == {1}
+    assert set(StepCheckpoint.objects.values_list("attempts", flat=True)) == {1}
+
+
+def _read_message(sock) -> bytes:
+    """One HTTP message (head + Content-Length body) from `sock`."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+class DroppingProxy:
+    """Forwards one request to the server, reads the server's whole response
+    (so the server has committed), then resets the client's connection without
+    passing the response on: the response is lost in transit."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.forwarded = threading.Event()
+        self.thread = threading.Thread(target=self._serve_one, daemon=True)
+        self.thread.start()
+
+    def _serve_one(self):
+        try:
+            client, _ = self.listener.accept()
+            with client, socket.create_connection(("127.0.0.1", self.upstream_port)) as up:
+                client.settimeout(10)
+                up.settimeout(10)
+                up.sendall(_read_message(client))
+                if _read_message(up).startswith(b"HTTP/1."):
+                    self.forwarded.set()
+                # Abort (RST) instead of a clean close: the client sees a reset.
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                  (1).to_bytes(4, "little") + (0).to_bytes(4, "little"))
+        finally:
+            self.listener.close()
+
+
+def test_a_lost_response_is_answered_by_the_retry_with_the_original_task(fleet):
+    user, token = api_client_create("lossy")
+    proxy = DroppingProxy(int(fleet.url.rsplit(":", 1)[1]))
+    body = {"workflow": "demo.sync_orders", "payload": {"batch": "lost-1", "count": 20}}
+    with pytest.raises(OSError):
+        request(f"http://127.0.0.1:{proxy.port}", "POST", "/api/v1/tasks", token=token,
+                headers={"Idempotency-Key": "lost-1"}, body=body, timeout=10)
+    proxy.thread.join(10)
+    assert proxy.forwarded.is_set()
+    assert Task.objects.filter(idempotency_key="lost-1").count() == 1  # it was committed
+    retry = request(fleet.url, "POST", "/api/v1/tasks", token=token,
+                    headers={"Idempotency-Key": "lost-1"}, body=body)
+    assert retry.status == 200 and retry.headers["Idempotent-Replayed"] == "true"
+    original = Task.objects.get(idempotency_key="lost-1")
+    assert retry.json()["id"] == str(original.pk)
+    wait_until(all_finished, 60, what="the task to finish")
+    observed = Observed(acknowledged={(user.pk, "lost-1"): retry.json()["id"]})
+    assert violations(observed) == []
+    original.refresh_from_db()
+    assert (original.state, original.replays, original.result) == ("succeeded", 1,
+                                                                   {"written": 20})

@@ -1,0 +1,133 @@
+"""Worker faults with real processes on PostgreSQL: the whole worker process
+group SIGKILLed again and again, a step longer than three leases, and a worker
+paused (SIGSTOP) past its lease whose late writes must be refused."""
+
+import os
+import random
+import signal
+import time
+import uuid
+
+import pytest
+
+from tests.faults.invariants import violations
+from tests.procs import Fleet, wait_until
+from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
+from workflows.models import DemoOrder, StepCheckpoint, Task, TaskTransition
+from workflows.states import FINISHED_STATES
+from workflows.states import TaskState as S
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+LEASE, POLL = 3.0, 0.2
+LONG = os.environ.get("PILOT_LONG") == "1"
+
+
+@pytest.fixture
+def fleet():
+    fleet = Fleet(PILOT_LEASE_SECONDS=LEASE, PILOT_DISPATCHER_POLL_SECONDS=POLL)
+    yield fleet
+    fleet.stop_all()
+
+
+def finished(ids):
+    return lambda: not Task.objects.filter(pk__in=ids).exclude(
+        state__in=FINISHED_STATES).exists()
+
+
+def mixed_requests(n: int) -> list[TriggerRequest]:
+    requests = []
+    for i in range(n):
+        kind = i % 4
+        key = f"mix-{i}-{uuid.uuid4().hex[:6]}"
+        if kind == 0:
+            requests.append(TriggerRequest("demo.sync_orders", {
+                "batch": key, "count": 50, "step_seconds": 0.05}, key))
+        elif kind == 1:
+            requests.append(TriggerRequest("demo.slow", {"steps": 3, "seconds": 0.1}, key))
+        elif kind == 2:
+            requests.append(TriggerRequest("demo.flaky", {"fail_times": 1}, key))
+        else:
+            requests.append(TriggerRequest("demo.echo", {"i": i}, key))
+    return requests
+
+
+def test_repeated_sigkills_lose_nothing_and_recover_within_lease_plus_poll(owner, fleet):
+    runs, kills = (500, 20) if LONG else (200, 8)
+    rng = random.Random(1129)
+    fleet.dispatcher()
+    workers = fleet.workers()
+    results = task_trigger_many(owner=owner, requests=mixed_requests(runs))
+    ids = [r.task.pk for r in results]
+    recoveries, reclaims = [], []
+    for _ in range(kills):
+        wait_until(lambda: Task.objects.filter(pk__in=ids, state=S.RUNNING).exists()
+                   or finished(ids)(), 60, what="work to kill")
+        time.sleep(rng.uniform(0.1, 1.0))
+        running = dict(Task.objects.filter(pk__in=ids, state=S.RUNNING)
+                       .values_list("pk", "lease_token"))
+        workers.kill()
+        killed_at = time.monotonic()
+        workers = fleet.workers()
+        if not running:
+            continue
+        # Recovered: no task is left running on the dead worker's lease.
+        wait_until(lambda running=running: not Task.objects.filter(
+            pk__in=list(running), state=S.RUNNING,
+            lease_token__in=set(running.values())).filter(
+            lease_owner__isnull=False).exclude(
+            pk__in=[pk for pk, tok in Task.objects.filter(pk__in=list(running))
+                    .values_list("pk", "lease_token") if tok != running[pk]]).exists(),
+                   LEASE + POLL + 10, interval=0.05, what="the dispatcher to recover")
+        recoveries.append(time.monotonic() - killed_at)
+        wait_until(lambda running=running: all(
+            tok > running[pk] or state in FINISHED_STATES
+            for pk, tok, state in Task.objects.filter(pk__in=list(running))
+            .values_list("pk", "lease_token", "state")), 60, interval=0.05,
+            what="the killed tasks to run again")
+        reclaims.append(time.monotonic() - killed_at)
+    wait_until(finished(ids), 240, interval=0.5, what="every task to finish")
+    assert violations(tasks=Task.objects.filter(pk__in=ids)) == []
+    assert set(Task.objects.filter(pk__in=ids).values_list("state", flat=True)) == {
+        S.SUCCEEDED}
+    print(f"\n{kills} kills over {runs} runs: recovery {[round(r, 2) for r in recoveries]} s, "
+          f"claimed again {[round(r, 2) for r in reclaims]} s")
+    assert max(recoveries, default=0) <= LEASE + POLL + 2
+
+
+def test_a_step_longer_than_three_leases_that_heartbeats_runs_once(owner, fleet):
+    fleet.dispatcher()
+    fleet.workers()
+    task = task_trigger(owner=owner, key="long", workflow="demo.slow",
+                        payload={"steps": 1, "seconds": LEASE * 3.5}).task
+    wait_until(finished([task.pk]), 60, interval=0.2, what="the long step")
+    task.refresh_from_db()
+    assert (task.state, task.attempts) == (S.SUCCEEDED, 1)
+    assert StepCheckpoint.objects.get(task_id=task.pk).attempts == 1
+    assert not TaskTransition.objects.filter(task_id=task.pk, transition="recover").exists()
+
+
+def test_a_paused_worker_has_its_late_writes_refused_after_a_takeover(owner, fleet):
+    fleet.dispatcher()
+    paused = fleet.workers()
+    task = task_trigger(owner=owner, key="paused", workflow="demo.sync_orders",
+                        payload={"batch": "paused", "count": 300, "step_seconds": 1.5}).task
+    wait_until(lambda: StepCheckpoint.objects.filter(task_id=task.pk, name="transform",
+                                                     state="running").exists(), 30,
+               what="the worker to be mid-run")
+    first_token = Task.objects.get(pk=task.pk).lease_token
+    paused.signal_group(signal.SIGSTOP)
+    try:
+        wait_until(lambda: Task.objects.get(pk=task.pk).lease_token > first_token or
+                   Task.objects.get(pk=task.pk).state == S.RETRYING, LEASE + 10,
+                   what="the dispatcher to recover the task")
+        fleet.workers()  # a healthy worker takes over
+        wait_until(finished([task.pk]), 60, interval=0.2, what="the takeover to finish")
+    finally:
+        paused.signal_group(signal.SIGCONT)
+    time.sleep(LEASE)  # let the zombie try its late writes
+    task.refresh_from_db()
+    assert task.state == S.SUCCEEDED and task.result == {"written": 300}
+    assert DemoOrder.objects.filter(batch="paused").count() == 300
+    assert violations(tasks=Task.objects.filter(pk=task.pk)) == []
+    assert "lease_lost" in paused.log()
