@@ -8,7 +8,7 @@ list's bulk actions, both through a confirmation page (`confirm`) and the engine
 
 Why not django-fsm-2's `FSMAdminMixin`: its change-form path
 (`response_change` with `_fsm_transition_to`) calls the transition without
-`has_transition_perm`, then `obj.save()` outside the engine (no row lock, no
+`has_transition_perm`, then saves the instance itself outside the engine (no row lock, no
 audit row, no enqueue), and its button list offers every permission-less worker
 edge (`claim`, `succeed`, …) to any staff user. We keep django-fsm's own
 `has_transition_perm` as the one test of "legal and permitted" and route every

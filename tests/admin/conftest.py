@@ -1,0 +1,55 @@
+"""People of the operator console tests: an operator (the "operators" group of
+migration 0003, plus the trigger permission), a viewer who may see every task
+but not act, and logged-in clients for each."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Group, Permission
+from django.test import Client
+
+
+def _staff(django_user_model, username: str, *, group: str | None = None,
+           perms: tuple[str, ...] = ()):
+    user = django_user_model.objects.create_user(username, password=f"pw-{username}",
+                                                 is_staff=True)
+    if group:
+        user.groups.add(Group.objects.get(name=group))
+    if perms:
+        user.user_permissions.add(*Permission.objects.filter(
+            content_type__app_label="workflows", codename__in=perms))
+    return django_user_model.objects.get(pk=user.pk)  # fresh permission cache
+
+
+@pytest.fixture
+def operator(django_user_model):
+    """The operators group as migrated, and add_task so the trigger form is theirs."""
+    return _staff(django_user_model, "operator", group="operators", perms=("add_task",))
+
+
+@pytest.fixture
+def viewer(django_user_model):
+    """Sees every task, its steps and history; may neither cancel, retry nor trigger."""
+    return _staff(django_user_model, "viewer", perms=(
+        "view_task", "view_all_tasks", "view_stepcheckpoint", "view_tasktransition"))
+
+
+@pytest.fixture
+def operator_client(operator):
+    client = Client()
+    client.force_login(operator)
+    return client
+
+
+@pytest.fixture
+def viewer_client(viewer):
+    client = Client()
+    client.force_login(viewer)
+    return client
+
+
+def task_url(task, suffix: str = "change/") -> str:
+    return f"/admin/workflows/task/{task.pk}/{suffix}"
+
+
+LIST_URL = "/admin/workflows/task/"
