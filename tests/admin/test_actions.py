@@ -22,7 +22,9 @@ from workflows.models import Task
 from workflows.states import TaskState as S
 from workflows.worker import run_task
 
-pytestmark = pytest.mark.django_db
+# transaction=True: with the Redis broker an enqueue happens on commit; serialized
+# rollback brings back the "operators" group (a data migration) after each flush.
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 
 def test_each_action_is_gated_by_the_permission_declared_on_its_transition():

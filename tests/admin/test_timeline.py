@@ -12,7 +12,9 @@ from workflows.admin.timeline import task_timeline
 from workflows.engine.triggers import task_trigger
 from workflows.models import StepCheckpoint, Task, TaskTransition
 
-pytestmark = pytest.mark.django_db
+# transaction=True: with the Redis broker an enqueue happens on commit; serialized
+# rollback brings back the "operators" group (a data migration) after each flush.
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 
 def draw(task):

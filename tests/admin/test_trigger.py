@@ -11,7 +11,9 @@ from workflows.models import Task, TaskReplay
 from workflows.states import Source
 from workflows.states import TaskState as S
 
-pytestmark = pytest.mark.django_db
+# transaction=True: with the Redis broker an enqueue happens on commit; serialized
+# rollback brings back the "operators" group (a data migration) after each flush.
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 URL = "/admin/workflows/task/trigger/"
 
