@@ -61,8 +61,9 @@ def transition_view(model_admin, request, object_id, action_name):
     action = ACTIONS.get(action_name)
     if action is None:
         raise Http404("No such action")
-    if not action.permitted(request.user):
-        raise PermissionDenied(f"{action.label} needs {action.permission}")
+    if not (action.permitted(request.user) and model_admin.has_view_permission(request)):
+        raise PermissionDenied(f"{action.label} needs {action.permission} and "
+                               "workflows.view_task")
     task = model_admin.get_object(request, object_id)
     if task is None:
         raise Http404("No such task")
