@@ -4,17 +4,32 @@ but not act, and logged-in clients for each."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 from django.contrib.auth.models import Group, Permission
 from django.test import Client
 
 
-def _staff(django_user_model, username: str, *, group: str | None = None,
+def operators_group() -> Group:
+    """The group exactly as migration 0003 defines it. A transactional test's
+    flush empties auth_group (post_migrate brings back permissions, not data
+    migrations), so it is rebuilt from the migration's own permission list."""
+    migration = importlib.import_module("workflows.migrations.0003_operators_group")
+    group, created = Group.objects.get_or_create(name="operators")
+    if created:
+        group.permissions.add(*[
+            Permission.objects.get(content_type__app_label=app_label, codename=codename)
+            for app_label, codename in migration.OPERATOR_PERMISSIONS])
+    return group
+
+
+def _staff(django_user_model, username: str, *, operators: bool = False,
            perms: tuple[str, ...] = ()):
     user = django_user_model.objects.create_user(username, password=f"pw-{username}",
                                                  is_staff=True)
-    if group:
-        user.groups.add(Group.objects.get(name=group))
+    if operators:
+        user.groups.add(operators_group())
     if perms:
         user.user_permissions.add(*Permission.objects.filter(
             content_type__app_label="workflows", codename__in=perms))
@@ -24,7 +39,7 @@ def _staff(django_user_model, username: str, *, group: str | None = None,
 @pytest.fixture
 def operator(django_user_model):
     """The operators group as migrated, and add_task so the trigger form is theirs."""
-    return _staff(django_user_model, "operator", group="operators", perms=("add_task",))
+    return _staff(django_user_model, "operator", operators=True, perms=("add_task",))
 
 
 @pytest.fixture

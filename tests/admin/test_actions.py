@@ -22,9 +22,8 @@ from workflows.models import Task
 from workflows.states import TaskState as S
 from workflows.worker import run_task
 
-# transaction=True: with the Redis broker an enqueue happens on commit; serialized
-# rollback brings back the "operators" group (a data migration) after each flush.
-pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+# transaction=True: with the Redis broker an enqueue happens on commit.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_each_action_is_gated_by_the_permission_declared_on_its_transition():

@@ -10,16 +10,17 @@ from __future__ import annotations
 import time
 
 import pytest
-from django.contrib.auth.models import Group, Permission
+from django.contrib.auth.models import Permission
 from django.db import connection, connections
 
+from tests.admin.conftest import operators_group
 from tests.procs import ARTIFACTS, Fleet, wait_until
 from workflows.engine.triggers import task_trigger
 from workflows.models import Task, TaskTransition
 from workflows.states import TaskState as S
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow,
-              pytest.mark.django_db(transaction=True, serialized_rollback=True)]
+              pytest.mark.django_db(transaction=True)]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -72,7 +73,7 @@ def page(monkeypatch):
 def operator_user(django_user_model):
     user = django_user_model.objects.create_user("op-browser", password=PASSWORD,
                                                  is_staff=True)
-    user.groups.add(Group.objects.get(name="operators"))
+    user.groups.add(operators_group())
     user.user_permissions.add(Permission.objects.get(content_type__app_label="workflows",
                                                      codename="add_task"))
     return user

@@ -12,9 +12,8 @@ from tests.factories import make_task
 from tests.helpers import drain, expire_lease
 from workflows.engine.triggers import task_trigger
 
-# transaction=True: with the Redis broker an enqueue happens on commit; serialized
-# rollback brings back the "operators" group (a data migration) after each flush.
-pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+# transaction=True: with the Redis broker an enqueue happens on commit.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 URL = "/admin/workflows/task/dashboard/"
 

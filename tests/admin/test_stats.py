@@ -17,9 +17,8 @@ from workflows.fingerprint import fingerprint
 from workflows.models import Task, TaskReplay, TaskTransition
 from workflows.states import TaskState as S
 
-# transaction=True: with the Redis broker an enqueue happens on commit; serialized
-# rollback brings back the "operators" group (a data migration) after each flush.
-pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+# transaction=True: with the Redis broker an enqueue happens on commit.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def old_activity(owner, hours_ago: float) -> None:

@@ -178,8 +178,8 @@ def test_the_list_costs_the_same_queries_for_10_and_150_tasks(operator_client,
     assert len(many) <= 10, [q["sql"][:120] for q in many.captured_queries]
 
 
-# The Redis broker enqueues on commit; serialized rollback restores the operators group.
-@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+# transaction=True: with the Redis broker an enqueue happens on commit.
+@pytest.mark.django_db(transaction=True)
 def test_the_task_page_costs_the_same_queries_for_3_and_50_steps(operator_client, owner):
     from tests.helpers import drain
     from workflows.engine.triggers import task_trigger

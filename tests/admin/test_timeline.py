@@ -12,9 +12,8 @@ from workflows.admin.timeline import task_timeline
 from workflows.engine.triggers import task_trigger
 from workflows.models import StepCheckpoint, Task, TaskTransition
 
-# transaction=True: with the Redis broker an enqueue happens on commit; serialized
-# rollback brings back the "operators" group (a data migration) after each flush.
-pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+# transaction=True: with the Redis broker an enqueue happens on commit.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def draw(task):
