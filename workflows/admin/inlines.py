@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.utils.html import format_html
 
-from workflows.admin.text import duration_text, pretty_json, state_badge, timestamp
+from workflows.admin.text import duration_text, pretty_json, state_badge, timestamp_field
 from workflows.models import StepCheckpoint, TaskTransition
 
 
@@ -38,13 +38,8 @@ class StepCheckpointInline(_ReadOnlyInline):
     def step_state(self, obj):
         return state_badge(obj.state, step=True)
 
-    @admin.display(description="started (UTC)")
-    def started(self, obj):
-        return timestamp(obj.started_at)
-
-    @admin.display(description="finished (UTC)")
-    def finished(self, obj):
-        return timestamp(obj.finished_at)
+    started = timestamp_field("started_at", "started (UTC)")
+    finished = timestamp_field("finished_at", "finished (UTC)")
 
     @admin.display(description="duration")
     def took(self, obj):
@@ -63,9 +58,7 @@ class TaskTransitionInline(_ReadOnlyInline):
     readonly_fields = fields
     ordering = ["at", "id"]
 
-    @admin.display(description="when (UTC)")
-    def when(self, obj):
-        return timestamp(obj.at)
+    when = timestamp_field("at", "when (UTC)")
 
     @admin.display(description="from → to")
     def from_to(self, obj):

@@ -28,7 +28,7 @@ from workflows.admin import confirm, dashboard, trigger, workflows_page
 from workflows.admin.actions import CANCEL, RETRY, RETRY_FROM_START, actions_available
 from workflows.admin.filters import OwnerFilter, WorkflowFilter
 from workflows.admin.inlines import StepCheckpointInline, TaskTransitionInline
-from workflows.admin.text import duration_text, pretty_json, state_badge, timestamp
+from workflows.admin.text import duration_text, pretty_json, state_badge, timestamp_field
 from workflows.admin.timeline import task_timeline
 from workflows.models import StepCheckpoint, Task, TaskTransition
 from workflows.selectors import tasks_visible_to
@@ -130,29 +130,12 @@ class TaskAdmin(admin.ModelAdmin):
             return "–"
         return duration_text(obj.started_at, obj.finished_at or timezone.now())
 
-    @admin.display(description="created")
-    def created(self, obj):
-        return timestamp(obj.created_at)
-
-    @admin.display(description="last enqueued")
-    def enqueued(self, obj):
-        return timestamp(obj.enqueued_at)
-
-    @admin.display(description="started")
-    def started(self, obj):
-        return timestamp(obj.started_at)
-
-    @admin.display(description="finished")
-    def finished(self, obj):
-        return timestamp(obj.finished_at)
-
-    @admin.display(description="key expires")
-    def expires(self, obj):
-        return timestamp(obj.expires_at)
-
-    @admin.display(description="updated")
-    def updated(self, obj):
-        return timestamp(obj.updated_at)
+    created = timestamp_field("created_at", "created")
+    enqueued = timestamp_field("enqueued_at", "last enqueued")
+    started = timestamp_field("started_at", "started")
+    finished = timestamp_field("finished_at", "finished")
+    expires = timestamp_field("expires_at", "key expires")
+    updated = timestamp_field("updated_at", "updated")
 
     @admin.display(description="payload")
     def payload_json(self, obj):

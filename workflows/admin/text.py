@@ -1,10 +1,11 @@
-"""Small formatting helpers shared by the console's pages. Pure."""
+"""Small formatting helpers shared by the console's pages (no database)."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
 
+from django.contrib import admin
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -35,6 +36,16 @@ def timestamp(value: datetime | None) -> str:
     if value is None:
         return "–"
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def timestamp_field(attname: str, description: str):
+    """A read-only admin field (a ModelAdmin/inline attribute) showing the
+    datetime `attname` through `timestamp`."""
+    @admin.display(description=description)
+    def show(model_admin, obj):
+        return timestamp(getattr(obj, attname))
+
+    return show
 
 
 def state_badge(state: str, *, step: bool = False) -> SafeString:
