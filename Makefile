@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: run test test-sqlite test-main lint check clean
+.PHONY: run test test-sqlite test-main lint check clean chromium
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,13 +21,23 @@ run: $(VENV)/.installed
 ## test: the whole suite. Always on SQLite; then, when DATABASE_URL points at
 ## PostgreSQL (and REDIS_URL at Redis), everything again there, including the
 ## races and real-process tests that only PostgreSQL can prove.
-test: $(VENV)/.installed-dev lint check test-sqlite test-main
+test: $(VENV)/.installed-dev chromium lint check test-sqlite test-main
+
+## chromium: Debian's browser, which the admin's browser test drives through Playwright
+## (Playwright's own browser download cannot work here), installed when missing.
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  sudo=$$( [ "$$(id -u)" -ne 0 ] && echo sudo ); \
+	  echo "installing chromium with apt-get"; \
+	  $$sudo apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq chromium >/dev/null; \
+	fi
 
 test-sqlite: $(VENV)/.installed-dev
 	env -u DATABASE_URL -u REDIS_URL -u PILOT_REQUIRE_POSTGRES \
 		$(PY) -m pytest -m "not postgres and not redis" -q
 
-test-main: $(VENV)/.installed-dev
+test-main: $(VENV)/.installed-dev chromium
 	@case "$$DATABASE_URL" in \
 	  postgres*) $(PY) -m pytest -q ;; \
 	  *) echo "DATABASE_URL is not PostgreSQL: PostgreSQL/Redis tests not run (CI runs them)";; \

@@ -1,0 +1,69 @@
+"""The dashboard page (workflows/admin/dashboard.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from tests.factories import make_task
+from tests.helpers import drain, expire_lease
+from workflows.engine.triggers import task_trigger
+
+# transaction=True: with the Redis broker an enqueue happens on commit.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+URL = "/admin/workflows/task/dashboard/"
+
+
+def test_the_dashboard_shows_counts_chart_stuck_tasks_and_failures(operator_client, owner):
+    for i in range(3):
+        task_trigger(owner=owner, key=f"e{i}", workflow="demo.echo", payload={})
+    task_trigger(owner=owner, key="e0", workflow="demo.echo", payload={})  # replay
+    task_trigger(owner=owner, key="bad", workflow="demo.saga", payload={"fail": True})
+    drain()
+    stuck = make_task(owner, state="running", key="stuck-one")
+    expire_lease(stuck.pk)
+    waiting = make_task(owner, key="waiting-one")
+    response = operator_client.get(URL)
+    assert response.status_code == 200
+    html = response.content.decode()
+    counts = dict(re.findall(r'data-state="(\w+)".*?pilot-card-n">(\d+)<', html, re.S))
+    assert counts == {"pending": "1", "running": "1", "retrying": "0", "cancelling": "0",
+                      "succeeded": "3", "failed": "1", "cancelled": "0"}
+    totals = dict(re.findall(r'data-total="(\w+)">(\d+)<', html))
+    assert totals == {"triggers": "6", "replays": "1", "successes": "3", "failures": "1",
+                      "retries": "0"}
+    assert html.count('data-series="') == 5 and "<svg" in html
+    past_lease = html.split('id="pilot-past-lease"')[1].split("</table>")[0]
+    assert str(stuck.pk)[:8] in past_lease
+    oldest = html.split('id="pilot-oldest-pending"')[1].split("</table>")[0]
+    assert str(waiting.pk)[:8] in oldest
+    failing = html.split('id="pilot-top-failing"')[1].split("</table>")[0]
+    assert "demo.saga" in failing and "confirmation refused" in failing
+    assert 'src="http' not in html and 'href="http' not in html  # nothing from a CDN
+
+
+def test_the_dashboard_costs_a_fixed_number_of_queries(operator_client, owner):
+    operator_client.get(URL)
+    with CaptureQueriesContext(connection) as few:
+        operator_client.get(URL)
+    for _ in range(30):
+        expire_lease(make_task(owner, state="running").pk)
+        make_task(owner, state="failed")
+    with CaptureQueriesContext(connection) as many:
+        operator_client.get(URL)
+    assert len(many) == len(few) <= 12, [q["sql"][:100] for q in many.captured_queries]
+
+
+def test_the_dashboard_needs_view_all_tasks(django_user_model):
+    from django.test import Client
+
+    from tests.admin.conftest import _staff
+
+    own_only = _staff(django_user_model, "own-only", perms=("view_task",))
+    client = Client()
+    client.force_login(own_only)
+    assert client.get(URL).status_code == 403

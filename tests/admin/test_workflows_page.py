@@ -1,0 +1,60 @@
+"""The workflows page and its state diagram (workflows_page.py, diagram.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.factories import make_task, transition_kwargs
+from workflows.admin.diagram import NEVER_TAKEN, POSITIONS, state_edges
+from workflows.engine.audit import transition_apply
+from workflows.models import Task
+from workflows.states import TaskState as S
+
+pytestmark = pytest.mark.django_db
+
+URL = "/admin/workflows/task/workflows/"
+
+
+def test_every_workflow_is_listed_with_steps_and_policies(operator_client):
+    html = operator_client.get(URL).content.decode()
+    for name in ("demo.echo", "demo.sync_orders", "demo.flaky", "demo.slow", "demo.saga"):
+        assert f'data-workflow="{name}"' in html
+    saga = html.split('data-workflow="demo.saga"')[1].split('data-workflow=')[0]
+    assert "at most 3 attempt(s); backoff 0.1 s × 2.0" in saga
+    assert "86400 s after the task finishes" in saga
+    assert re.search(r"reserve</td>\s*<td>no — at least once</td>\s*<td>release", saga)
+    sync = html.split('data-workflow="demo.sync_orders"')[1].split('data-workflow=')[0]
+    assert re.search(r"write</td>\s*<td>yes — exactly once", sync)
+    assert "<code>count</code> (Integer)" in sync and "step_seconds</code> (Float, optional)" \
+        in sync
+
+
+def test_the_diagram_draws_exactly_the_models_transitions(operator_client):
+    html = operator_client.get(URL).content.decode()
+    drawn = set(re.findall(r'data-edge="(\w+)-(\w+)"', html))
+    expected = {
+        (S.PENDING, S.RUNNING), (S.RETRYING, S.RUNNING), (S.RUNNING, S.SUCCEEDED),
+        (S.RUNNING, S.RETRYING), (S.RUNNING, S.FAILED), (S.PENDING, S.CANCELLING),
+        (S.RETRYING, S.CANCELLING), (S.RUNNING, S.CANCELLING), (S.PENDING, S.CANCELLED),
+        (S.RETRYING, S.CANCELLED), (S.CANCELLING, S.CANCELLED), (S.FAILED, S.PENDING),
+        (S.CANCELLED, S.PENDING),
+    }
+    assert drawn == {(str(a), str(b)) for a, b in expected}
+    assert set(re.findall(r'data-node="(\w+)"', html)) == set(S.values) == set(POSITIONS)
+    edges = state_edges()
+    assert edges[(S.RUNNING, S.RETRYING)]["names"] == ["recover", "schedule_retry"]
+    assert edges[(S.FAILED, S.PENDING)]["permission"] == "workflows.retry_task"
+    assert edges[(S.PENDING, S.RUNNING)]["permission"] is None
+
+
+def test_the_one_edge_left_out_is_one_the_model_never_takes(owner):
+    """`cancel` declares both targets for every source, but a running task always
+    goes to `cancelling`: the diagram leaves running → cancelled out for that reason."""
+    assert NEVER_TAKEN == {(S.RUNNING, S.CANCELLED)}
+    for needs_compensation in (False, True):
+        task = make_task(owner, state=S.RUNNING)
+        transition_apply(task, "cancel", actor="test", **{
+            **transition_kwargs("cancel"), "needs_compensation": needs_compensation})
+        assert Task.objects.get(pk=task.pk).state == S.CANCELLING

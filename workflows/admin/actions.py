@@ -1,0 +1,164 @@
+"""Operator actions — cancel, retry, retry from start — defined once for the
+task page's buttons, its transition URLs and the list's bulk actions, so the
+list and the detail page behave the same.
+
+An action is available on a task when django-fsm says the user may take its
+transition from the task's current state (`has_transition_perm`: the edge is
+legal AND the user holds the permission declared on it). `plan` is the dry run
+shown on the confirmation page; `apply` is one call into the engine per task —
+its own short transaction that locks the row, re-checks legality and
+permission (the admin passes `owner_may=False`), transitions, audits and
+enqueues. The admin never changes a task itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+from django_fsm import can_proceed, has_transition_perm
+
+from workflows.engine.operations import task_cancel, task_retry, transition_permission
+from workflows.errors import PilotError
+from workflows.models import StepCheckpoint, Task
+from workflows.registry import registry
+from workflows.states import StepState, TaskState
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorAction:
+    name: str          # URL and form value: cancel | retry | retry_from_start
+    label: str
+    transition: str    # the Task FSM transition it takes
+    bulk_name: str     # the list's admin action (TaskAdmin method) that runs it
+    from_start: bool = False
+
+    @property
+    def permission(self) -> str:
+        return transition_permission(self.transition)
+
+    def permitted(self, user) -> bool:
+        return bool(user and user.is_active and user.has_perm(self.permission))
+
+    def available(self, task: Task, user) -> bool:
+        """Legal from the task's state and permitted to `user` (django-fsm decides both)."""
+        return bool(user and user.is_active) and has_transition_perm(
+            getattr(task, self.transition), user)
+
+    def apply(self, *, task_id, user, reason: str) -> Task:
+        """Take the action through the engine; raises the engine's PilotError."""
+        if self.transition == "cancel":
+            return task_cancel(task_id=task_id, user=user, reason=reason, owner_may=False)
+        return task_retry(task_id=task_id, user=user, from_start=self.from_start,
+                          reason=reason, owner_may=False)
+
+
+CANCEL = OperatorAction("cancel", "Cancel", "cancel", "cancel_selected")
+RETRY = OperatorAction("retry", "Retry", "retry", "retry_selected")
+RETRY_FROM_START = OperatorAction("retry_from_start", "Retry from start", "retry",
+                                  "retry_selected_from_start", from_start=True)
+ACTIONS = {a.name: a for a in (CANCEL, RETRY, RETRY_FROM_START)}
+
+
+def actions_available(task: Task, user) -> list[OperatorAction]:
+    return [a for a in ACTIONS.values() if a.available(task, user)]
+
+
+@dataclasses.dataclass
+class PlannedChange:
+    """What confirming would do to one task (the dry run)."""
+
+    task: Task
+    changes: bool
+    outcome: str       # e.g. "running → cancelling", or "no change"
+    detail: str
+
+
+@dataclasses.dataclass
+class AppliedChange:
+    """What happened to one task when the action was confirmed."""
+
+    task_id: object
+    label: str
+    ok: bool
+    before: str
+    after: str
+    detail: str
+
+
+def _succeeded_steps(tasks: list[Task]) -> dict:
+    """{task id: [(index, name), …]} of succeeded checkpoints, in one query."""
+    done: dict = defaultdict(list)
+    rows = (StepCheckpoint.objects.filter(task_id__in=[t.pk for t in tasks],
+                                          state=StepState.SUCCEEDED)
+            .order_by("task_id", "index").values_list("task_id", "index", "name"))
+    for task_id, index, name in rows:
+        done[task_id].append((index, name))
+    return done
+
+
+def _plan_cancel(task: Task, done: list) -> PlannedChange:
+    if not can_proceed(task.cancel):
+        return PlannedChange(task, False, "no change",
+                             f"a {task.state} task cannot be cancelled")
+    if task.state == TaskState.RUNNING:
+        return PlannedChange(task, True, "running → cancelling",
+                             "its worker stops at the next step boundary or heartbeat, runs "
+                             "the compensations of finished steps, then it becomes cancelled")
+    workflow = registry.find(task.workflow)
+    plan = workflow.steps_for(task.payload) if workflow else []
+    undo = [name for index, name in reversed(done)
+            if index < len(plan) and plan[index].name == name and plan[index].compensation]
+    if undo:
+        return PlannedChange(task, True, f"{task.state} → cancelling",
+                             "a worker runs the compensations of " + ", ".join(undo)
+                             + ", then it becomes cancelled")
+    return PlannedChange(task, True, f"{task.state} → cancelled", "cancelled at once")
+
+
+def _plan_retry(task: Task, done: list, *, from_start: bool) -> PlannedChange:
+    if not can_proceed(task.retry):
+        return PlannedChange(task, False, "no change",
+                             f"a {task.state} task cannot be retried; only failed and "
+                             "cancelled tasks can")
+    workflow = registry.find(task.workflow)
+    if workflow is None:
+        return PlannedChange(task, False, "refused",
+                             f"workflow {task.workflow} is no longer registered")
+    budget = f"a fresh budget of {workflow.max_attempts} attempt(s)"
+    if from_start:
+        return PlannedChange(task, True, f"{task.state} → pending",
+                             f"every step runs again from the first ({len(done)} finished "
+                             f"step(s) reset); {budget}")
+    if done:
+        names = ", ".join(name for _, name in done)
+        return PlannedChange(task, True, f"{task.state} → pending",
+                             f"resumes after its finished step(s) {names}; {budget}")
+    return PlannedChange(task, True, f"{task.state} → pending",
+                         f"runs from the first step (none finished); {budget}")
+
+
+def actions_plan(action: OperatorAction, tasks: list[Task]) -> list[PlannedChange]:
+    """The dry run of `action` over `tasks`: one read of their finished steps,
+    no writes. The real outcome is decided again, under lock, by `apply`."""
+    done = _succeeded_steps(tasks)
+    if action.transition == "cancel":
+        return [_plan_cancel(task, done[task.pk]) for task in tasks]
+    return [_plan_retry(task, done[task.pk], from_start=action.from_start) for task in tasks]
+
+
+def actions_apply(action: OperatorAction, tasks: list[Task], *, user,
+                  reason: str) -> list[AppliedChange]:
+    """Apply `action` to each task in turn, each in its own engine transaction:
+    one task's refusal never rolls back another's change."""
+    results = []
+    for task in tasks:
+        try:
+            changed = action.apply(task_id=task.pk, user=user, reason=reason)
+        except PilotError as exc:
+            results.append(AppliedChange(task.pk, str(task), False, task.state, task.state,
+                                         f"{exc.code}: {exc.detail}"))
+            continue
+        results.append(AppliedChange(task.pk, str(task), True, task.state, changed.state,
+                                     f"{task.state} → {changed.state}"))
+    return results

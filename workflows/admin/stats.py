@@ -1,0 +1,95 @@
+"""Reads for the dashboard (STYLE: selectors read). A handful of aggregate
+queries, each served by an index named beside it; nothing here writes.
+
+Every function sees all tasks: the dashboard is for holders of
+`workflows.view_all_tasks`, which its view checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+
+from django.db.models import Count, Max, OuterRef, Q, Subquery, Sum
+from django.db.models.functions import TruncHour
+
+from workflows.models import Task, TaskReplay, TaskTransition
+from workflows.states import TaskState
+
+RETRY_TRANSITIONS = ("schedule_retry", "recover")
+
+
+@dataclasses.dataclass
+class ActivityBucket:
+    start: datetime
+    triggers: int = 0
+    replays: int = 0
+    successes: int = 0
+    failures: int = 0
+    retries: int = 0
+
+
+def task_counts_by_state() -> dict[str, int]:
+    """{state: n} for all seven states (zeros included). Index: task_state_created_idx."""
+    counts = dict.fromkeys(TaskState.values, 0)
+    for state, n in Task.objects.order_by().values_list("state").annotate(n=Count("pk")):
+        counts[state] = n
+    return counts
+
+
+def activity_per_hour(now: datetime, *, hours: int = 24) -> list[ActivityBucket]:
+    """Triggers (tasks created), replays (duplicate triggers absorbed), successes,
+    failures and retries per UTC hour, oldest first, the last bucket being the
+    current hour. Three queries, on task_created_idx, replay_at_idx and
+    transition_at_idx."""
+    current = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    first = current - timedelta(hours=hours - 1)
+    buckets = {first + timedelta(hours=i): ActivityBucket(first + timedelta(hours=i))
+               for i in range(hours)}
+
+    def hourly(queryset, field, **aggregates):
+        return (queryset.filter(**{f"{field}__gte": first})
+                .annotate(hour=TruncHour(field, tzinfo=UTC))
+                .order_by().values("hour").annotate(**aggregates))
+
+    for row in hourly(Task.objects, "created_at", n=Count("pk")):
+        buckets[row["hour"]].triggers = row["n"]
+    for row in hourly(TaskReplay.objects, "at", n=Sum("count")):
+        buckets[row["hour"]].replays = row["n"] or 0
+    for row in hourly(TaskTransition.objects, "at",
+                      ok=Count("pk", filter=Q(to_state=TaskState.SUCCEEDED)),
+                      bad=Count("pk", filter=Q(to_state=TaskState.FAILED)),
+                      again=Count("pk", filter=Q(transition__in=RETRY_TRANSITIONS))):
+        bucket = buckets[row["hour"]]
+        bucket.successes, bucket.failures, bucket.retries = row["ok"], row["bad"], row["again"]
+    return list(buckets.values())
+
+
+def tasks_past_lease(now: datetime, *, limit: int = 20) -> list[Task]:
+    """Running or cancelling tasks whose lease has expired (the worker is gone or
+    stuck; the dispatcher should recover them within a poll), longest overdue
+    first. Index: task_lease_expiry_idx."""
+    return list(Task.objects.expired_leases(now).select_related("owner")
+                .order_by("lease_expires_at")[:limit])
+
+
+def tasks_oldest_pending(*, limit: int = 10) -> list[Task]:
+    """Pending tasks, oldest first: a long wait here means no worker is taking
+    work. Index: task_state_created_idx."""
+    return list(Task.objects.filter(state=TaskState.PENDING).select_related("owner")
+                .order_by("created_at")[:limit])
+
+
+def workflows_top_failing(now: datetime, *, since: timedelta = timedelta(hours=24),
+                          limit: int = 10) -> list[dict]:
+    """Workflows with the most tasks that ended `failed` in the window, with the
+    latest such task and its error. One query. Index: task_state_created_idx
+    narrows to failed tasks, task_finished_idx to the window."""
+    failed = Task.objects.filter(state=TaskState.FAILED, finished_at__gte=now - since)
+    latest = failed.filter(workflow=OuterRef("workflow")).order_by("-finished_at")
+    return list(failed.order_by().values("workflow")
+                .annotate(failures=Count("pk"), latest_at=Max("finished_at"),
+                          latest_id=Subquery(latest.values("pk")[:1]),
+                          latest_error=Subquery(latest.values("error")[:1]),
+                          latest_error_type=Subquery(latest.values("error_type")[:1]))
+                .order_by("-failures", "workflow")[:limit])
