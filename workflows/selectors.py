@@ -30,3 +30,17 @@ def task_get_for(user, task_id) -> Task:
     if task is None:
         raise TaskNotFound("No such task")
     return task
+
+
+def task_wait_finished(task_id, *, timeout: float, interval: float = 0.2) -> Task:
+    """Re-read task `task_id` every `interval` seconds until it has finished or
+    `timeout` seconds passed; returns the last version read (finished or not).
+    Reads only, no lock held between reads."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        task = Task.objects.get(pk=task_id)
+        if task.is_finished or time.monotonic() >= deadline:
+            return task
+        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
