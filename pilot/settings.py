@@ -10,7 +10,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from pilot.env import env_bool, env_float, env_int, env_list, env_str
+from pilot.env import env_bool, env_choice, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -174,16 +174,28 @@ if REDIS_URL:
 else:
     Q_CLUSTER["orm"] = "default"
 
+# --- logging ---------------------------------------------------------------------
+# JSON lines on stdout by default (one object per record: timestamp, level, event,
+# trace_id, task_id, workflow, attempt, duration_ms, ...); `text` for people
+# (`make run` sets it). See workflows/observability/logging.py.
+
+PILOT_LOG_FORMAT = env_choice("PILOT_LOG_FORMAT", "json", ("json", "text"))
+_log_stream = env_choice("PILOT_LOG_STREAM", "stdout", ("stdout", "stderr"))
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "workflows.observability.logging.JsonFormatter"},
+        "text": {"()": "workflows.observability.logging.TextFormatter"},
     },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "console": {"class": "logging.StreamHandler", "formatter": PILOT_LOG_FORMAT,
+                    "stream": f"ext://sys.{_log_stream}"},
     },
-    "root": {"handlers": ["console"], "level": env_str("PILOT_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"],
+             "level": env_choice("PILOT_LOG_LEVEL", "info",
+                                 ("debug", "info", "warning", "error")).upper()},
     "loggers": {
         "django-q": {"handlers": ["console"], "level": "WARNING", "propagate": False},
     },
