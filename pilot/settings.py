@@ -101,6 +101,16 @@ else:
         f"DATABASE_URL must be sqlite:// or postgres:// (got engine {_db['ENGINE']})"
     )
 DATABASES = {"default": _db}
+
+# One cache shared by every process on every machine (login lockouts, the
+# metrics' task counts): a table in the main database, so it needs no other
+# server. `manage.py createcachetable` creates it (deploy step, run-local).
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+        "LOCATION": "pilot_cache",
+    },
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- auth, i18n, static ---------------------------------------------------------
@@ -146,6 +156,11 @@ PILOT_TRIGGER_RATE = env_str("PILOT_TRIGGER_RATE", "6000/min")
 # Longest a single django-q2 delivery may run before its worker is killed; the
 # lease and checkpoints make the kill safe, the next attempt resumes.
 PILOT_TASK_TIMEOUT = env_int("PILOT_TASK_TIMEOUT", 1800, minimum=1)
+
+# Prometheus: `/metrics` wants `Authorization: Bearer <token>` when this is set.
+PILOT_METRICS_TOKEN = env_str("PILOT_METRICS_TOKEN")
+# How long one read of pilot_tasks{state} is shared between scrapes (0: every scrape).
+PILOT_METRICS_TASKS_TTL = env_int("PILOT_METRICS_TASKS_TTL", 15, minimum=0)
 
 # --- django-q2 ------------------------------------------------------------------
 # Its defaults retry forever and redeliver a still-running task after `retry`

@@ -8,6 +8,8 @@ class WorkflowsConfig(AppConfig):
 
     def ready(self):
         from workflows import checks  # noqa: F401  (registers the system checks)
+        from workflows.observability import metrics
         from workflows.registry import autodiscover
 
         autodiscover()
+        metrics.install()
