@@ -23,3 +23,13 @@ LOGGING["root"]["level"] = "WARNING"  # noqa: F405
 
 # Test-only workflows (test.poison, ...) registered in every process the tests start.
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]  # noqa: F405
+
+# The suite speaks plain HTTP to the test client and to the processes it starts;
+# production redirects to HTTPS (settings.py), tests/settings_deploy checks that.
+SECURE_SSL_REDIRECT = False
+# No collectstatic before tests: plain storage instead of the hashed manifest.
+STORAGES = {**STORAGES, "staticfiles": {  # noqa: F405
+    "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
+# Serve static files from the apps (no collectstatic, no STATIC_ROOT to warn about).
+WHITENOISE_AUTOREFRESH = True
+WHITENOISE_USE_FINDERS = True
