@@ -118,6 +118,13 @@ class Fleet:
         self.procs.append(proc)
         return proc
 
+    def start_process(self, kind: str, args: list[str], **env) -> Proc:
+        """Any other process (e.g. gunicorn) in this fleet's environment."""
+        self._n += 1
+        proc = Proc(f"{kind}-{os.getpid()}-{self._n}", args, {**self.env, **env}).start()
+        self.procs.append(proc)
+        return proc
+
     def workers(self) -> Proc:
         return self.start("qcluster")
 
