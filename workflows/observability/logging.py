@@ -51,7 +51,7 @@ def record_fields(record: logging.LogRecord) -> dict:
     for name in LEADING[3:]:
         if extra.get(name) not in (None, ""):
             fields[name] = extra.pop(name)
-    fields.update((k, v) for k, v in extra.items() if v is not None)
+    fields |= {k: v for k, v in extra.items() if v is not None}
     fields["logger"] = record.name
     return fields
 

@@ -102,17 +102,18 @@ examples:
                               f"{task.state}")
         if wait:
             task = task_wait_finished(task.pk, timeout=timeout)
-            report.update(state=task.state, result=task.result, error=task.error or None,
-                          attempts=task.attempts)
+            report |= {"state": task.state, "result": task.result,
+                       "error": task.error or None, "attempts": task.attempts}
+        succeeded = TaskState.SUCCEEDED == task.state
         if json:
             self.stdout.write(_dumps(report))
         elif wait:
             self.stdout.write(f"final state: {task.state} after {task.attempts} attempt(s)")
-            if task.state == TaskState.SUCCEEDED:
+            if succeeded:
                 self.stdout.write(f"result: {_dumps(task.result)}")
             elif task.error:
                 self.stdout.write(f"error: {task.error}")
-        if not wait or task.state == TaskState.SUCCEEDED:
+        if not wait or succeeded:
             return
         if not task.is_finished:
             raise CommandError(f"task {task.pk} is still {task.state} after {timeout:g}s",
