@@ -175,8 +175,9 @@ def private_pg():
         yield pg
 
 
-def test_a_postgresql_restart_mid_run_loses_nothing_and_processes_reconnect(fleet,
-                                                                            private_pg):
+def test_a_postgresql_restart_mid_run_loses_nothing_and_processes_reconnect(private_pg,
+                                                                            fleet):
+    # (private_pg first: the fleet is stopped before the cluster is removed)
     pg = private_pg
     url = pg.create_database("pilot")
     fleet.env["DATABASE_URL"] = url

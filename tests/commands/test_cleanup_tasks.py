@@ -62,7 +62,7 @@ def test_expired_tasks_go_with_their_steps_history_and_replays(owner):
 def test_batches_commit_one_by_one_with_progress_and_an_event_each(owner, caplog):
     make_finished_tasks(owner, 7)
     caplog.set_level(logging.INFO, logger="pilot.events")
-    out = cleanup("--batch-size", "3")
+    out = cleanup("--batch-size", "3", "-v", "2")
     assert "deleted 7 finished task(s)" in out and "in 3 batch(es) of up to 3" in out
     assert [line.split(":")[0].strip() for line in out.splitlines()[:3]] == \
         ["batch 1", "batch 2", "batch 3"]
@@ -70,6 +70,12 @@ def test_batches_commit_one_by_one_with_progress_and_an_event_each(owner, caplog
     assert [(b["batch"], b["deleted"]) for b in batches] == [(1, 3), (2, 3), (3, 1)]
     assert all(b["duration_ms"] >= 0 for b in batches)
     assert Task.objects.count() == 0
+
+
+def test_a_short_run_prints_only_its_summary(owner):
+    make_finished_tasks(owner, 5)
+    lines = cleanup("--batch-size", "2").splitlines()
+    assert len(lines) == 1 and lines[0].startswith("deleted 5 finished task(s)")
 
 
 @pytest.mark.parametrize("state", UNFINISHED)

@@ -43,10 +43,13 @@ class Command(BaseCommand):
         if workflow and registry.find(workflow) is None:
             # Tasks of a workflow that was since removed can still be cleaned up.
             self.stderr.write(f"note: {workflow!r} is not a registered workflow")
-        verbose = options["verbosity"] >= 1
+        verbosity = options["verbosity"]
+        last_line = [0.0]
 
         def progress(report):
-            if verbose:
+            # Every batch with -v 2; otherwise a line every few seconds on long runs.
+            if verbosity >= 2 or (verbosity == 1 and report.seconds - last_line[0] >= 5):
+                last_line[0] = report.seconds
                 rate = report.tasks / max(report.seconds, 1e-6)
                 self.stdout.write(f"  batch {report.batches}: {report.tasks} deleted so far "
                                   f"({rate:.0f}/s)")
