@@ -42,6 +42,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # request.trace_id (traceparent / X-Request-ID / generated) on every log event.
+    "workflows.observability.middleware.TraceIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files straight from gunicorn, compressed and cached forever (hashed names).
     "whitenoise.middleware.WhiteNoiseMiddleware",
