@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: run test test-sqlite test-main lint check clean chromium
+.PHONY: run test test-sqlite test-main lint check audit bench-cleanup clean chromium
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,18 @@ check: $(VENV)/.installed-dev
 		$(PY) manage.py makemigrations --check --dry-run
 	env -u DATABASE_URL DJANGO_SECRET_KEY=check-only-secret-key-0123456789abcdef \
 		$(PY) manage.py check
+
+## audit: pip-audit of the pinned requirements, from a throwaway virtualenv (pip-audit is
+## a tool, not a dependency). Needs PyPI's or OSV's vulnerability service.
+audit:
+	rm -rf .audit-venv && $(PYTHON) -m venv .audit-venv
+	.audit-venv/bin/pip install --disable-pip-version-check -q pip-audit
+	.audit-venv/bin/pip-audit --strict -r requirements-dev.txt; status=$$?; rm -rf .audit-venv; exit $$status
+
+## bench-cleanup: cleanup_tasks on 100 000 expired tasks and its effect on trigger
+## latency (DATABASE_URL must name a PostgreSQL database containing "bench").
+bench-cleanup: $(VENV)/.installed-dev
+	$(PY) bench/cleanup_latency.py
 
 clean:
 	rm -rf $(VENV) db.sqlite3 db.sqlite3-wal db.sqlite3-shm staticfiles

@@ -11,7 +11,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from pilot.env import env_bool, env_float, env_int, env_list, env_str
+from pilot.env import env_bool, env_choice, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -45,8 +45,11 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # request.trace_id (traceparent / X-Request-ID / generated) on every log event.
     "workflows.observability.middleware.TraceIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files straight from gunicorn, compressed and cached forever (hashed names).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -105,9 +108,19 @@ else:
         f"DATABASE_URL must be sqlite:// or postgres:// (got engine {_db['ENGINE']})"
     )
 DATABASES = {"default": _db}
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- auth, i18n, static ---------------------------------------------------------
+
+AUTHENTICATION_BACKENDS = [
+    # Refuses a locked-out (username, client address) before any password check.
+    "workflows.login_guard.LockoutBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+PILOT_LOGIN_MAX_FAILURES = env_int("PILOT_LOGIN_MAX_FAILURES", 5, minimum=1)
+PILOT_LOGIN_MAX_FAILURES_PER_IP = env_int("PILOT_LOGIN_MAX_FAILURES_PER_IP", 50, minimum=1)
+PILOT_LOGIN_LOCKOUT_SECONDS = env_int("PILOT_LOGIN_LOCKOUT_SECONDS", 900, minimum=1)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -122,7 +135,49 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = env_str("DJANGO_STATIC_ROOT") or BASE_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # `manage.py collectstatic` writes compressed copies with content-hashed
+    # names; whitenoise serves them with a far-future Cache-Control.
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+
+# --- HTTPS and security headers ---------------------------------------------------
+# Secure by default whenever DEBUG is off; each can be turned down explicitly.
+# Behind a TLS-terminating proxy set PILOT_TRUSTED_PROXIES to the number of
+# proxies in front: Django then believes their X-Forwarded-Proto (so it knows a
+# request came over HTTPS and does not redirect it again) and the login guard
+# reads the client address from X-Forwarded-For. Only set it when the app is
+# reachable solely through those proxies, or clients could forge both headers.
+
+PILOT_TRUSTED_PROXIES = env_int("PILOT_TRUSTED_PROXIES", 0, minimum=0)
+if PILOT_TRUSTED_PROXIES:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", not DEBUG)
+# Probes and scrapers talk to the processes directly over plain HTTP.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", not DEBUG)
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000,
+                              minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
+SESSION_COOKIE_AGE = env_int("DJANGO_SESSION_COOKIE_AGE", 8 * 3600, minimum=60)
+X_FRAME_OPTIONS = "DENY"
+
+# Deploy checks silenced, each for a reason (`check --deploy --fail-level WARNING`
+# must pass on a correct production configuration):
+SILENCED_SYSTEM_CHECKS = []
+if not SECURE_HSTS_INCLUDE_SUBDOMAINS:
+    # security.W005: HSTS for every subdomain is a decision about the whole domain
+    # (other services live there), not PILOT's to make; the operator opts in with
+    # DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS=true.
+    SILENCED_SYSTEM_CHECKS.append("security.W005")
+if not SECURE_HSTS_PRELOAD:
+    # security.W021: preload-list submission is likewise domain-wide and hard to
+    # undo; DJANGO_SECURE_HSTS_PRELOAD=true opts in.
+    SILENCED_SYSTEM_CHECKS.append("security.W021")
 
 # --- REST framework -------------------------------------------------------------
 
@@ -190,8 +245,9 @@ if not re.fullmatch(r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)", PILOT_TRIGG
 # lease and checkpoints make the kill safe, the next attempt resumes.
 PILOT_TASK_TIMEOUT = env_int("PILOT_TASK_TIMEOUT", 1800, minimum=1)
 
-# A cache shared by every process (the trigger throttle counts in it): the
-# database by default, Redis when REDIS_URL is set.
+# One cache shared by every process on every machine (the trigger throttle,
+# login lockouts, the metrics' task counts): a table in the main database by
+# default (migration 0004 creates it), Redis when REDIS_URL is set.
 REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
@@ -202,6 +258,11 @@ else:
 # django-q2 writes cluster statistics to a cache every guard cycle; nothing reads
 # them (PILOT's Task table is the record), so keep them in process memory.
 CACHES["djangoq"] = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+
+# Prometheus: `/metrics` wants `Authorization: Bearer <token>` when this is set.
+PILOT_METRICS_TOKEN = env_str("PILOT_METRICS_TOKEN")
+# How long one read of pilot_tasks{state} is shared between scrapes (0: every scrape).
+PILOT_METRICS_TASKS_TTL = env_int("PILOT_METRICS_TASKS_TTL", 15, minimum=0)
 
 # --- django-q2 ------------------------------------------------------------------
 # Its defaults retry forever and redeliver a still-running task after `retry`
@@ -229,16 +290,28 @@ if REDIS_URL:
 else:
     Q_CLUSTER["orm"] = "default"
 
+# --- logging ---------------------------------------------------------------------
+# JSON lines on stdout by default (one object per record: timestamp, level, event,
+# trace_id, task_id, workflow, attempt, duration_ms, ...); `text` for people
+# (`make run` sets it). See workflows/observability/logging.py.
+
+PILOT_LOG_FORMAT = env_choice("PILOT_LOG_FORMAT", "json", ("json", "text"))
+_log_stream = env_choice("PILOT_LOG_STREAM", "stdout", ("stdout", "stderr"))
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "workflows.observability.logging.JsonFormatter"},
+        "text": {"()": "workflows.observability.logging.TextFormatter"},
     },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "console": {"class": "logging.StreamHandler", "formatter": PILOT_LOG_FORMAT,
+                    "stream": f"ext://sys.{_log_stream}"},
     },
-    "root": {"handlers": ["console"], "level": env_str("PILOT_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"],
+             "level": env_choice("PILOT_LOG_LEVEL", "info",
+                                 ("debug", "info", "warning", "error")).upper()},
     "loggers": {
         "django-q": {"handlers": ["console"], "level": "WARNING", "propagate": False},
     },

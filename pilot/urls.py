@@ -4,10 +4,12 @@ from django.contrib import admin
 from django.urls import include, path
 
 from workflows.api.health import HealthzView, ReadyzView
+from workflows.observability.views import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("workflows.api.urls")),
     path("healthz", HealthzView.as_view(), name="healthz"),
     path("readyz", ReadyzView.as_view(), name="readyz"),
+    path("metrics", metrics_view, name="metrics"),
 ]

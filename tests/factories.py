@@ -56,3 +56,45 @@ def make_task(owner, *, state=S.PENDING, workflow="demo.echo", payload=None, key
             transition_apply(task, name, actor="test", **transition_kwargs(name, task))
     assert task.state == state
     return task
+
+
+ENDING = {S.SUCCEEDED: "succeed", S.FAILED: "fail", S.CANCELLED: "finish_cancel"}
+
+
+def make_finished_tasks(owner, n: int, *, finished_ago: timedelta = timedelta(days=2),
+                        ttl: timedelta = TTL, state=S.SUCCEEDED, workflow="demo.echo",
+                        key_prefix: str = "old", batch: int = 2000) -> list:
+    """Insert `n` finished tasks fast (bulk, as the engine would have left them:
+    one succeeded step, its claim and finish transitions, a replay row) that
+    finished `finished_ago` and expire `ttl` after that. Returns their ids.
+    For cleanup tests and benchmarks, where going through transitions one task
+    at a time would take minutes."""
+    from workflows.models import StepCheckpoint, TaskReplay, TaskTransition
+    from workflows.states import StepState
+
+    assert state in (S.SUCCEEDED, S.FAILED, S.CANCELLED)
+    finished = timezone.now() - finished_ago
+    payload = {"n": 1}
+    fp = fingerprint(workflow, payload)
+    ids = []
+    for start in range(0, n, batch):
+        tasks = [Task(owner=owner, idempotency_key=f"{key_prefix}-{i}", workflow=workflow,
+                      payload=payload, fingerprint=fp, state=state, result={"ok": True},
+                      attempts=1, max_attempts=3, lease_token=1, created_at=finished,
+                      updated_at=finished, started_at=finished, finished_at=finished,
+                      expires_at=finished + ttl)
+                 for i in range(start, min(n, start + batch))]
+        Task.objects.bulk_create(tasks)
+        StepCheckpoint.objects.bulk_create(
+            [StepCheckpoint(task=t, index=0, name="echo", state=StepState.SUCCEEDED,
+                            output={"ok": True}, attempts=1, started_at=finished,
+                            finished_at=finished) for t in tasks])
+        TaskTransition.objects.bulk_create(
+            [TaskTransition(task=t, transition=name, from_state=a, to_state=b,
+                            actor="factory", at=finished)
+             for t in tasks for name, a, b in (("claim", S.PENDING, S.RUNNING),
+                                               (ENDING[state], S.RUNNING, state))])
+        TaskReplay.objects.bulk_create([TaskReplay(task=t, workflow=workflow, at=finished)
+                                        for t in tasks])
+        ids.extend(t.pk for t in tasks)
+    return ids

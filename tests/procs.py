@@ -120,6 +120,13 @@ class Fleet:
         self.procs.append(proc)
         return proc
 
+    def start_process(self, kind: str, args: list[str], **env) -> Proc:
+        """Any other process (e.g. gunicorn) in this fleet's environment."""
+        self._n += 1
+        proc = Proc(f"{kind}-{os.getpid()}-{self._n}", args, {**self.env, **env}).start()
+        self.procs.append(proc)
+        return proc
+
     def workers(self) -> Proc:
         return self.start("qcluster")
 
@@ -140,9 +147,20 @@ class Fleet:
         wait_until(lambda: _answers(f"{url}/healthz"), 30, what="gunicorn to start")
         return proc, url
 
-    def stop_all(self) -> None:
+    def stop_all(self, timeout: float = 10) -> None:
+        """SIGTERM every process group at once, give them `timeout` seconds
+        together to stop cleanly, then SIGKILL what is left."""
+        live = [p for p in self.procs if p.alive]
+        for proc in live:
+            proc.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in live:
+            try:
+                proc.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
         for proc in self.procs:
-            proc.stop(timeout=10)
+            proc.kill()
 
 
 def free_port() -> int:

@@ -27,3 +27,13 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]  # noqa: F405
 # A shared Redis cache outlives the test database: give every run its own key
 # space, or a throttle counter from an earlier run would leak into this one.
 CACHES["default"]["KEY_PREFIX"] = f"pilot-test-{os.getpid()}-{os.urandom(4).hex()}"  # noqa: F405
+
+# The suite speaks plain HTTP to the test client and to the processes it starts;
+# production redirects to HTTPS (settings.py), tests/settings_deploy checks that.
+SECURE_SSL_REDIRECT = False
+# No collectstatic before tests: plain storage instead of the hashed manifest.
+STORAGES = {**STORAGES, "staticfiles": {  # noqa: F405
+    "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
+# Serve static files from the apps (no collectstatic, no STATIC_ROOT to warn about).
+WHITENOISE_AUTOREFRESH = True
+WHITENOISE_USE_FINDERS = True

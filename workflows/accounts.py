@@ -45,3 +45,26 @@ def local_admin_ensure(username: str = "admin") -> tuple[object, str]:
         user.set_password(password)
         user.save()
     return user, password
+
+
+CLI_OWNER = "cli"
+
+
+def cli_owner_get(username: str | None = None):
+    """The user a `trigger_workflow` call acts for. Without `username`, the `cli`
+    user (created on first use, without a password or permissions: it only
+    owns tasks), so keys typed at a terminal have their own namespace and can
+    never collide with an upstream client's. With `username`, that existing
+    user (to act on a client's behalf, e.g. replaying its request); raises
+    LookupError if there is none."""
+    User = get_user_model()
+    if username is None:
+        user, created = User.objects.get_or_create(username=CLI_OWNER)
+        if created:
+            user.set_unusable_password()
+            user.save(update_fields=["password"])
+        return user
+    try:
+        return User.objects.get(username=username)
+    except User.DoesNotExist:
+        raise LookupError(f"no user named {username!r}") from None

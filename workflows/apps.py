@@ -7,7 +7,9 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from workflows import checks  # noqa: F401  (registers the system checks)
+        from workflows import checks, login_guard  # noqa: F401  (register checks, signals)
+        from workflows.observability import metrics
         from workflows.registry import autodiscover
 
         autodiscover()
+        metrics.install()

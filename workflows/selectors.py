@@ -83,3 +83,35 @@ def tasks_filtered_for(user, params):
     if "created_before" in params:
         qs = qs.filter(created_at__lt=_parse_time("created_before", params["created_before"]))
     return qs
+
+def task_wait_finished(task_id, *, timeout: float, interval: float = 0.2) -> Task:
+    """Re-read task `task_id` every `interval` seconds until it has finished or
+    `timeout` seconds passed; returns the last version read (finished or not).
+    Reads only, no lock held between reads."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        task = Task.objects.get(pk=task_id)
+        if task.is_finished or time.monotonic() >= deadline:
+            return task
+        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+
+def task_counts_by_state() -> dict[str, int]:
+    """{state: number of tasks} for all seven states (zeros included): one
+    GROUP BY over task_state_created_idx. On PostgreSQL it gives up after 2 s
+    (raising DatabaseError) rather than hold a scrape on a huge table."""
+    from django.db import connection, transaction
+    from django.db.models import Count
+
+    from workflows.states import TaskState
+
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL statement_timeout = 2000")
+        rows = Task.objects.order_by().values_list("state").annotate(n=Count("pk"))
+        counts = {state: 0 for state in TaskState.values}
+        counts.update(dict(rows))
+    return counts

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 from urllib.parse import urlsplit
 
 
@@ -32,7 +31,7 @@ def request(base_url: str, method: str, path: str, *, token: str | None = None,
                      headers=all_headers)
         raw = conn.getresponse()
         return Response(raw.status, dict(raw.getheaders()), raw.read())
-    except (http.client.HTTPException, socket.timeout) as exc:
+    except (TimeoutError, http.client.HTTPException) as exc:
         raise OSError(str(exc) or type(exc).__name__) from exc
     finally:
         conn.close()

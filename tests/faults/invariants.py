@@ -53,7 +53,7 @@ def violations(observed: Observed | None = None, *, require_terminal: bool = Tru
     found += [f"{d['n']} tasks for ({d['owner_id']}, {d['idempotency_key']!r})" for d in dupes]
 
     ids = set(tasks.values_list("pk", flat=True))
-    for (owner_id, key), task_id in observed.acknowledged.items():
+    for (_owner_id, key), task_id in observed.acknowledged.items():
         if task_id not in ids and str(task_id) not in {str(i) for i in ids}:
             found.append(f"acknowledged task {task_id} for key {key!r} is missing")
 

@@ -45,11 +45,6 @@ BENDS = {
 # Where along its curve (0..1) an edge's label sits, when the middle is crowded.
 LABEL_AT = {(S.PENDING, S.CANCELLING): 0.75}
 
-# `cancel` declares RETURN_VALUE(cancelling, cancelled) for all its sources, but
-# Task.cancel returns `cancelling` for a running task (its worker must stop first).
-NEVER_TAKEN = {(S.RUNNING, S.CANCELLED)}
-
-
 def state_edges() -> dict[tuple[str, str], dict]:
     """{(source, target): {"names": [...], "permission": str | None}} from Task's FSM."""
     field = Task._meta.get_field("state")
@@ -57,8 +52,6 @@ def state_edges() -> dict[tuple[str, str], dict]:
     for t in field.get_all_transitions(Task):
         targets = getattr(t.target, "allowed_states", None) or [t.target]
         for target in targets:
-            if (t.source, target) in NEVER_TAKEN:
-                continue
             edge = edges[(str(t.source), str(target))]
             if t.name not in edge["names"]:
                 edge["names"].append(t.name)

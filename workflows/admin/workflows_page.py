@@ -4,17 +4,31 @@ from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
+from rest_framework import serializers
 
 from workflows.admin.diagram import state_diagram
 from workflows.registry import registry
 
+# DRF field classes (and subclasses such as workflows.fields.JSONInteger) by the
+# JSON type a client must send.
+_JSON_TYPES = [
+    (serializers.BooleanField, "boolean"), (serializers.IntegerField, "integer"),
+    (serializers.FloatField, "number"), (serializers.DecimalField, "number"),
+    (serializers.CharField, "string"), (serializers.ListField, "array"),
+    (serializers.DictField, "object"), (serializers.BaseSerializer, "object"),
+]
+
+
+def _json_type(field) -> str:
+    return next((name for cls, name in _JSON_TYPES if isinstance(field, cls)),
+                type(field).__name__.removesuffix("Field"))
+
 
 def _payload_fields(workflow) -> list[dict]:
-    """Name, type and whether required, from the workflow's DRF serializer."""
+    """Name, JSON type and whether required, from the workflow's DRF serializer."""
     if workflow.payload_serializer is None:
         return []
-    return [{"name": name, "type": type(field).__name__.removesuffix("Field"),
-             "required": field.required}
+    return [{"name": name, "type": _json_type(field), "required": field.required}
             for name, field in workflow.payload_serializer().fields.items()]
 
 

@@ -15,5 +15,5 @@ urlpatterns = [
     path("workflows", views.WorkflowListView.as_view(), name="workflows"),
     path("schema", SpectacularAPIView.as_view(), name="schema"),
     path("docs", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
-    re_path(r"^.*$", api_not_found),
+    re_path(r"^[\s\S]*$", api_not_found),  # [\s\S]: paths may hold newlines too
 ]

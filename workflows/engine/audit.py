@@ -54,5 +54,5 @@ def transition_apply(task: Task, name: str, *, actor: str, reason: str = "",
     )
     emit_on_commit("task_transitioned", task_id=str(task.pk), workflow=task.workflow,
                    transition=name, from_state=from_state, to_state=task.state,
-                   attempt=task.attempts, actor=actor)
+                   attempt=task.attempts, actor=actor, trace_id=task.trace_id or None)
     return record

@@ -67,5 +67,6 @@ def task_claim(*, task_id, worker: str) -> Claim | None:
         checkpoints = {cp.index: cp for cp in StepCheckpoint.objects.filter(task_id=task.pk)}
     lag = (now - enqueued_at).total_seconds() if enqueued_at else None
     emit_on_commit("task_claimed", task_id=str(task.pk), workflow=task.workflow,
-                   attempt=task.attempts, mode=mode, queue_lag_seconds=lag, worker=worker)
+                   attempt=task.attempts, mode=mode, queue_lag_seconds=lag, worker=worker,
+                   trace_id=task.trace_id or None)
     return Claim(mode, task, Lease(task.pk, task.lease_token, worker), checkpoints)

@@ -1,8 +1,50 @@
-"""Deleting finished tasks with their steps and history."""
+"""Deleting finished tasks with their steps and history (SPEC §10 `cleanup_tasks`).
+
+`tasks_cleanup` deletes in batches, each its own short transaction:
+
+    SELECT id, state, expires_at, finished_at FROM task
+     WHERE <finished and past the horizon> [AND workflow = …]
+     LIMIT batch FOR UPDATE SKIP LOCKED
+    -- re-check each locked row is still finished and past the horizon
+    DELETE steps, transitions, replays, then the tasks (`tasks_delete`)
+    COMMIT
+
+Why it is safe beside everything else that runs:
+- a trigger deciding on an expired key holds that row FOR UPDATE: cleanup skips
+  it (SKIP LOCKED) and the trigger deletes and recreates it itself; a trigger
+  that arrives while cleanup holds the row waits for the short batch, finds
+  the row gone and inserts a fresh task (triggers.py goes round again);
+- two cleanups at once lock disjoint rows, so nothing is deleted twice and
+  neither waits for the other;
+- unfinished tasks never match, and the lock is taken on the current row
+  version, so a task restarted (failed → pending) a moment earlier is not
+  deleted: PostgreSQL re-evaluates the WHERE clause on the row it locks, and
+  the Python re-check below says so explicitly;
+- a kill between batches loses nothing: every committed batch is complete
+  (children and task together), the rest are untouched and a later run
+  carries on.
+
+`q_results_prune` does the same for django-q2's own result rows (Success and
+Failure), which no PILOT code reads.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.utils import timezone
+from django_q.models import Task as QResult
+
 from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition
+from workflows.observability.events import emit
+from workflows.states import FINISHED_STATES
+
+DEFAULT_BATCH = 1000
+MAX_BATCH = 10000
 
 
 def tasks_delete(task_ids: list) -> int:
@@ -15,3 +57,122 @@ def tasks_delete(task_ids: list) -> int:
     TaskTransition.objects.filter(task_id__in=task_ids)._raw_delete(TaskTransition.objects.db)
     TaskReplay.objects.filter(task_id__in=task_ids)._raw_delete(TaskReplay.objects.db)
     return Task.objects.filter(pk__in=task_ids)._raw_delete(Task.objects.db)
+
+
+@dataclasses.dataclass
+class CleanupReport:
+    dry_run: bool
+    horizon: str  # what "old enough" meant, for the summary line
+    tasks: int = 0  # deleted, or (dry run) that would be deleted
+    batches: int = 0
+    q_results: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Horizon:
+    """Which finished tasks are old enough: expires_at <= now (the default), or
+    finished_at < cutoff (--older-than)."""
+
+    now: datetime
+    cutoff: datetime | None
+    workflow: str | None
+
+    def queryset(self):
+        qs = (Task.objects.expired(self.now) if self.cutoff is None
+              else Task.objects.finished_before(self.cutoff))
+        return qs.filter(workflow=self.workflow) if self.workflow else qs
+
+    def holds(self, state: str, expires_at, finished_at) -> bool:
+        if state not in FINISHED_STATES:
+            return False
+        if self.cutoff is None:
+            return expires_at is not None and expires_at <= self.now
+        return finished_at is not None and finished_at < self.cutoff
+
+    def describe(self) -> str:
+        what = (f"expires_at <= {self.now.isoformat()}" if self.cutoff is None
+                else f"finished before {self.cutoff.isoformat()}")
+        return what + (f", workflow {self.workflow}" if self.workflow else "")
+
+
+def tasks_cleanup(*, older_than: timedelta | None = None, workflow: str | None = None,
+                  batch_size: int = DEFAULT_BATCH, dry_run: bool = False,
+                  now: datetime | None = None,
+                  progress: Callable[[CleanupReport], None] | None = None) -> CleanupReport:
+    """Delete finished tasks past their expiry (or, with `older_than`, finished
+    longer ago than that), optionally of one `workflow`, `batch_size` per
+    transaction (module docstring). Never touches an unfinished task.
+
+    `dry_run` counts what would go and changes nothing. `progress(report)` is
+    called after every batch. Emits `cleanup_batch` per committed batch and
+    `cleanup_finished` at the end. A second call at the same time deletes the
+    rows the first has not locked; the two never delete the same row."""
+    if not 1 <= batch_size <= MAX_BATCH:
+        raise ValueError(f"batch_size must be 1..{MAX_BATCH}")
+    now = now or timezone.now()
+    horizon = _Horizon(now, None if older_than is None else now - older_than, workflow)
+    report = CleanupReport(dry_run=dry_run, horizon=horizon.describe())
+    started = time.monotonic()
+    if dry_run:
+        report.tasks = horizon.queryset().count()
+        report.batches = -(-report.tasks // batch_size)
+    else:
+        while True:
+            batch_started = time.monotonic()
+            deleted, locked = _delete_batch(horizon, batch_size)
+            if locked == 0:
+                break
+            report.batches += 1
+            report.tasks += deleted
+            emit("cleanup_batch", batch=report.batches, deleted=deleted,
+                 total_deleted=report.tasks, workflow=workflow,
+                 duration_ms=round((time.monotonic() - batch_started) * 1000, 3))
+            report.seconds = round(time.monotonic() - started, 3)
+            if progress is not None:
+                progress(report)
+            if locked < batch_size:
+                break  # the rest, if any, is locked by someone else (another cleanup)
+    report.seconds = round(time.monotonic() - started, 3)
+    if not dry_run:
+        emit("cleanup_finished", deleted=report.tasks, batches=report.batches,
+             workflow=workflow, duration_ms=round(report.seconds * 1000, 3))
+    return report
+
+
+def _delete_batch(horizon: _Horizon, batch_size: int) -> tuple[int, int]:
+    """One transaction: lock up to `batch_size` candidates (skipping rows others
+    hold), re-check them, delete. Returns (deleted, locked)."""
+    with transaction.atomic():
+        rows = list(horizon.queryset().select_for_update(skip_locked=True).order_by()
+                    .values_list("pk", "state", "expires_at", "finished_at")[:batch_size])
+        ids = [pk for pk, state, expires_at, finished_at in rows
+               if horizon.holds(state, expires_at, finished_at)]
+        return tasks_delete(ids), len(rows)
+
+
+def q_results_prune(*, older_than: timedelta, batch_size: int = DEFAULT_BATCH,
+                    dry_run: bool = False, now: datetime | None = None) -> int:
+    """Delete django-q2's Success/Failure rows that stopped more than
+    `older_than` ago, `batch_size` per transaction. Returns how many (would) go.
+    Nothing in PILOT reads them (the Task table is the record); django-q2
+    writes each row once, so no lock is needed beyond the DELETE's own."""
+    cutoff = (now or timezone.now()) - older_than
+    old = QResult.objects.filter(stopped__lt=cutoff)
+    if dry_run:
+        return old.count()
+    total = 0
+    while True:
+        with transaction.atomic():
+            ids = list(old.order_by().values_list("pk", flat=True)[:batch_size])
+            if ids:
+                QResult.objects.filter(pk__in=ids)._raw_delete(QResult.objects.db)
+        total += len(ids)
+        if len(ids) < batch_size:
+            break
+    if total:
+        emit("q_results_pruned", deleted=total)
+    return total

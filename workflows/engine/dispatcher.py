@@ -41,7 +41,7 @@ from workflows.engine.compensation import needs_compensation
 from workflows.engine.enqueue import enqueue_on_commit
 from workflows.engine.leases import worker_id
 from workflows.models import Task
-from workflows.observability.events import emit
+from workflows.observability.events import emit, emit_on_commit
 from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, registry
 from workflows.states import TaskState
 
@@ -104,6 +104,9 @@ def _recover_expired_leases(now, batch, actor, report) -> None:
                 delay = backoff_delay(workflow.policy, task.attempts)
                 transition_apply(task, "recover", actor=actor, reason=reason,
                                  next_attempt_at=now + timedelta(seconds=delay))
+                emit_on_commit("task_recovered", task_id=str(task.pk), workflow=task.workflow,
+                               attempt=task.attempts, to_state=task.state,
+                               trace_id=task.trace_id or None)
                 report.recovered += 1
                 continue
             plan = workflow.steps_for(task.payload) if workflow else []
@@ -116,6 +119,9 @@ def _recover_expired_leases(now, batch, actor, report) -> None:
                       f"expired with no attempts left.{unfinished}",
                 error_type="LeaseExpired", now=now,
                 ttl=workflow.idempotency_ttl if workflow else DEFAULT_IDEMPOTENCY_TTL)
+            emit_on_commit("task_recovered", task_id=str(task.pk), workflow=task.workflow,
+                           attempt=task.attempts, to_state=task.state,
+                           trace_id=task.trace_id or None)
             report.failed += 1
 
 

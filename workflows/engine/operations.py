@@ -23,6 +23,7 @@ from workflows.engine.compensation import needs_compensation
 from workflows.engine.enqueue import enqueue_on_commit
 from workflows.errors import InvalidTransition, PermissionDenied, TaskNotFound, UnknownWorkflow
 from workflows.models import StepCheckpoint, Task
+from workflows.observability.events import emit_on_commit
 from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, registry
 from workflows.selectors import can_view_all
 from workflows.states import StepState, TaskState
@@ -70,6 +71,9 @@ def task_cancel(*, task_id, user, reason: str = "", owner_may: bool = True) -> T
                          set_fields={"enqueued_at": now} if enqueue else None)
         if enqueue:
             enqueue_on_commit([task.pk])
+        emit_on_commit("task_cancel_requested", task_id=str(task.pk), workflow=task.workflow,
+                       attempt=task.attempts, to_state=task.state, actor=actor_for(user),
+                       trace_id=task.trace_id or None)
     return task
 
 

@@ -28,7 +28,7 @@ from workflows.engine.compensation import compensate
 from workflows.engine.context import StepContext
 from workflows.engine.leases import fence_lock, worker_id
 from workflows.errors import CancelRequested, LeaseLost, PilotError, WorkflowChanged
-from workflows.observability.events import emit
+from workflows.observability.events import emit, log_context
 from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, Step, Workflow, registry
 from workflows.states import StepState, TaskState
 
@@ -48,7 +48,10 @@ def task_run(*, task_id, worker: str | None = None) -> RunReport:
     if claim is None:
         return RunReport(str(task_id), "skipped")
     faults.fault_point("after_claim")
-    return _Run(claim).execute()
+    task = claim.task
+    with log_context(trace_id=task.trace_id or None, task_id=str(task.pk),
+                     workflow=task.workflow):
+        return _Run(claim).execute()
 
 
 def _ttl(workflow: Workflow | None) -> timedelta:

@@ -208,7 +208,9 @@ class Task(ConcurrentTransitionMixin, models.Model):
         self._set_error(error, error_type)
         self._finish(now, ttl)
 
-    @transition(field=state, source=[S.PENDING, S.RETRYING, S.RUNNING],
+    @transition(field=state, source=S.RUNNING, target=S.CANCELLING,
+                permission="workflows.cancel_task")
+    @transition(field=state, source=[S.PENDING, S.RETRYING],
                 target=RETURN_VALUE(S.CANCELLING, S.CANCELLED),
                 permission="workflows.cancel_task")
     def cancel(self, *, needs_compensation: bool, now: datetime, ttl: timedelta) -> str:

@@ -6,7 +6,9 @@ from workflows.accounts import api_client_create
 class Command(BaseCommand):
     help = ("Create an upstream API client: a user with the trigger permission and a token "
             "for `Authorization: Token <token>`. The token is printed once; --rotate replaces "
-            "it (the old one stops working at once).")
+            "it (the old one stops working at once). Running it again for an existing client "
+            "keeps its token and prints none. Example: manage.py create_api_client "
+            "billing-service")
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="the client's user name, e.g. billing-service")

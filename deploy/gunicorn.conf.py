@@ -1,0 +1,34 @@
+"""gunicorn settings for PILOT's web processes:
+
+    gunicorn -c deploy/gunicorn.conf.py pilot.wsgi
+
+Environment: PORT (default 8000), PILOT_BIND_HOST (default 0.0.0.0),
+WEB_CONCURRENCY (worker processes, default 2 x cores + 1), PILOT_WEB_TIMEOUT
+(seconds a request may take, default 30), PROMETHEUS_MULTIPROC_DIR (shared with
+the machine's qcluster and dispatcher processes; see README "Metrics").
+"""
+
+import multiprocessing
+import os
+
+bind = f"{os.environ.get('PILOT_BIND_HOST', '0.0.0.0')}:{os.environ.get('PORT', '8000')}"
+workers = int(os.environ.get("WEB_CONCURRENCY", multiprocessing.cpu_count() * 2 + 1))
+timeout = int(os.environ.get("PILOT_WEB_TIMEOUT", "30"))
+graceful_timeout = 30
+# Heartbeat files on tmpfs: a slow disk must not make the arbiter kill workers.
+worker_tmp_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
+# Request logs belong to the TLS proxy in front; the app logs its own events as JSON.
+accesslog = None
+errorlog = "-"
+# Trust X-Forwarded-* only from the proxies Django is told about (PILOT_TRUSTED_PROXIES);
+# Django itself reads them, gunicorn needs not.
+forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
+
+
+def child_exit(server, worker):
+    """A dead worker's live gauges must not be summed any more (counters and
+    histograms stay: what it counted did happen)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)

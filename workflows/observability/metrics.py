@@ -1,0 +1,127 @@
+"""Prometheus metrics, fed by the engine's events (SPEC §11).
+
+`install()` (called once per process by the app config) hooks `on_event` into
+`events.add_listener`, so every process that runs engine code — gunicorn
+workers (triggers), `qcluster` workers (claims, steps, transitions), the
+dispatcher, commands — counts what it did. The engine knows nothing of
+Prometheus.
+
+Multiprocess mode: when PROMETHEUS_MULTIPROC_DIR is set in a process's
+environment *before it starts*, prometheus-client writes its counters and
+histograms to per-process files in that directory, and `/metrics` (any web
+process on the machine) merges them all. Every PILOT process on a machine
+must share one such directory, empty when the machine boots. Without it each
+process only sees its own counts (fine for tests and `make run` in one
+process; bin/run-local sets one up).
+
+`pilot_tasks{state}` is not an event counter: it is read from the database at
+scrape time (`task_counts_by_state`, one GROUP BY over an index, cached for
+PILOT_METRICS_TASKS_TTL seconds in the shared cache so many web processes and
+scrapers cost one query per TTL).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import DatabaseError
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from workflows.observability import events
+
+log = logging.getLogger("pilot.metrics")
+
+TRIGGER_EVENTS = {"task_triggered", "task_replayed", "task_restarted"}
+
+TRIGGERS = Counter("pilot_triggers", "Trigger calls by outcome: created, replayed, restarted, "
+                   "or the error code of a refusal", ["workflow", "outcome"])
+TRANSITIONS = Counter("pilot_transitions", "Task state changes",
+                      ["workflow", "from", "to"])
+STEP_DURATION = Histogram(
+    "pilot_step_duration_seconds", "Wall time of succeeded step bodies (with checkpoint)",
+    ["workflow", "step"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900))
+QUEUE_LAG = Histogram(
+    "pilot_queue_lag_seconds", "From a task's enqueue to its claim by a worker",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
+DISPATCHER_ACTIONS = Counter("pilot_dispatcher_actions", "What dispatcher passes did",
+                             ["action"])
+
+
+def on_event(event: str, fields: dict) -> None:
+    """The events.add_listener hook: one event → at most one metric update."""
+    if event in TRIGGER_EVENTS:
+        TRIGGERS.labels(fields.get("workflow") or "", fields.get("outcome") or event).inc()
+    elif event == "trigger_refused":
+        # No workflow label: a refused name may be anything a client typed.
+        TRIGGERS.labels("", fields.get("code") or "refused").inc()
+    elif event == "task_transitioned":
+        TRANSITIONS.labels(fields.get("workflow") or "", fields.get("from_state") or "",
+                           fields.get("to_state") or "").inc()
+    elif event == "step_finished" and fields.get("duration_ms") is not None:
+        STEP_DURATION.labels(fields.get("workflow") or "", fields.get("step") or "") \
+            .observe(fields["duration_ms"] / 1000)
+    elif event == "task_claimed" and fields.get("queue_lag_seconds") is not None:
+        QUEUE_LAG.observe(max(0.0, fields["queue_lag_seconds"]))
+    elif event == "dispatcher_action":
+        DISPATCHER_ACTIONS.labels(fields.get("action") or "").inc(fields.get("count") or 0)
+
+
+def install() -> None:
+    events.add_listener(on_event)
+
+
+# --- scrape time ----------------------------------------------------------------------------
+
+_CACHE_KEY = "pilot:metrics:task_counts"
+
+
+class TaskStateCollector:
+    """`pilot_tasks{state}` from the database, and `pilot_database_up` saying
+    whether that read worked (a scrape during a database outage still answers)."""
+
+    def collect(self):
+        from workflows.selectors import task_counts_by_state
+
+        counts, up = None, 1
+        ttl = settings.PILOT_METRICS_TASKS_TTL
+        try:
+            counts = cache.get(_CACHE_KEY) if ttl else None
+            if counts is None:
+                counts = task_counts_by_state()
+                if ttl:
+                    cache.set(_CACHE_KEY, counts, ttl)
+        except DatabaseError as exc:
+            log.warning("pilot_tasks not available: %s", str(exc)[:200])
+            counts, up = None, 0
+        if counts is not None:
+            gauge = GaugeMetricFamily("pilot_tasks", "Tasks by state (read at scrape time)",
+                                      labels=["state"])
+            for state, n in sorted(counts.items()):
+                gauge.add_metric([state], n)
+            yield gauge
+        yield GaugeMetricFamily("pilot_database_up",
+                                "1 if the last scrape could read the task table", value=up)
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def exposition() -> bytes:
+    """The Prometheus text exposition for a scrape: every process's event
+    metrics (merged from PROMETHEUS_MULTIPROC_DIR, or this process's own), then
+    the database gauges."""
+    if multiprocess_dir():
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+    else:
+        registry = REGISTRY
+    scrape = CollectorRegistry()
+    scrape.register(TaskStateCollector())
+    return generate_latest(registry) + generate_latest(scrape)
