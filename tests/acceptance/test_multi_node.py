@@ -160,15 +160,27 @@ print(json.dumps(sorted({r.outcome for r in task_trigger_many(owner=owner,
 
 
 def check_api_during_outage(port: int) -> list[int]:
-    """HTTP checks during the outage. Today: the scrape endpoint.
-
-    TODO(issue 4, REST API): once /api/v1 and /readyz exist, also POST
-    /api/v1/tasks (with a client token) and GET /readyz here, and require each
-    status to be in {200, 202, 503} (SPEC: only 503s, never 500s, at the API
-    while the database is down)."""
+    """HTTP answers while the database is down: the scrape still answers (200,
+    reporting the database down), readiness and the API answer 503 — never a
+    500. Returns [scrape status, pilot_database_up]."""
     status, body = http_get(port, "/metrics")
     assert status == 200, body[:500]
-    return [status, int(metric(body, "pilot_database_up"))]
+    up = int(metric(body, "pilot_database_up"))
+    if up == 0:
+        ready, _ = http_get(port, "/readyz")
+        assert ready == 503
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            conn.request("POST", "/api/v1/tasks", body=b'{"workflow": "demo.echo"}',
+                         headers={"Authorization": "Token 0123456789abcdef",
+                                  "Content-Type": "application/json",
+                                  "Idempotency-Key": "outage-probe"})
+            answer = conn.getresponse()
+            assert answer.status == 503, answer.read()[:500]
+            assert answer.getheader("Content-Type") == "application/problem+json"
+        finally:
+            conn.close()
+    return [status, up]
 
 
 @pytest.fixture
