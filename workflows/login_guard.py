@@ -17,8 +17,9 @@ How: `LockoutBackend` is the first authentication backend; for a locked pair it
 raises PermissionDenied, which makes django.contrib.auth.authenticate() stop
 and fail before any password is checked. Failures and successes are recorded
 from Django's `user_login_failed` / `user_logged_in` signals. State lives in
-the shared cache (a database table, settings.CACHES), so every gunicorn worker
-on every machine sees the same counts; expiry is by the timestamps stored in
+the shared cache (settings.CACHES), so every gunicorn worker on every machine
+sees the same counts (and, the cache being unreachable, logins go on without
+lockouts rather than failing: workflows.shared_cache); expiry is by the timestamps stored in
 the entry, not by the cache's own timeout. Counting is read-modify-write: under
 a truly parallel attack a few increments can be lost, which at worst allows a
 handful of extra attempts before the lock — never an unlock.
@@ -41,6 +42,7 @@ from django.core.exceptions import PermissionDenied
 from django.dispatch import receiver
 
 from workflows.observability.events import emit
+from workflows.shared_cache import cache_soft
 
 _PREFIX = "pilot:login:"
 
@@ -74,7 +76,7 @@ def login_lockout_remaining(*, username: str, ip: str, now: float | None = None)
     """Seconds until (username, ip) may try again; 0.0 when not locked out."""
     now = time.time() if now is None else now
     pair_key, ip_key = _keys(username, ip)
-    entries = cache.get_many([pair_key, ip_key])
+    entries = cache_soft("login lockout read", lambda: cache.get_many([pair_key, ip_key]), {})
     return max(_remaining(entries.get(pair_key), now), _remaining(entries.get(ip_key), now))
 
 
@@ -92,6 +94,11 @@ def _count(key: str, limit: int, now: float) -> dict:
 
 
 def login_failure_record(*, username: str, ip: str, now: float | None = None) -> float:
+    return cache_soft("login failure count",
+                      lambda: _failure_record(username=username, ip=ip, now=now), 0.0)
+
+
+def _failure_record(*, username: str, ip: str, now: float | None = None) -> float:
     """Count one failed login; returns the lockout it caused (seconds, 0.0 if none).
     Failures while already locked out are not counted (they never reached a
     password check), so a lockout is never extended by hammering it."""
@@ -110,7 +117,7 @@ def login_failure_record(*, username: str, ip: str, now: float | None = None) ->
 
 def login_success_record(*, username: str, ip: str) -> None:
     """A successful login clears its pair's count (not the per-address cap)."""
-    cache.delete(_keys(username, ip)[0])
+    cache_soft("login success", lambda: cache.delete(_keys(username, ip)[0]), None)
 
 
 class LockoutBackend(BaseBackend):

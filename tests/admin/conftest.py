@@ -12,15 +12,17 @@ from django.test import Client
 
 
 def operators_group() -> Group:
-    """The group exactly as migration 0003 defines it. A transactional test's
-    flush empties auth_group (post_migrate brings back permissions, not data
-    migrations), so it is rebuilt from the migration's own permission list."""
-    migration = importlib.import_module("workflows.migrations.0003_operators_group")
+    """The group exactly as migrations 0003 and 0006 define it. A transactional
+    test's flush empties auth_group (post_migrate brings back permissions, not
+    data migrations), so it is rebuilt from the migrations' own lists."""
+    created_by = importlib.import_module("workflows.migrations.0003_operators_group")
+    extended_by = importlib.import_module("workflows.migrations.0006_operators_trigger")
     group, created = Group.objects.get_or_create(name="operators")
     if created:
         group.permissions.add(*[
             Permission.objects.get(content_type__app_label=app_label, codename=codename)
-            for app_label, codename in migration.OPERATOR_PERMISSIONS])
+            for app_label, codename in [*created_by.OPERATOR_PERMISSIONS,
+                                        *extended_by.ADDED_PERMISSIONS]])
     return group
 
 
@@ -38,8 +40,8 @@ def _staff(django_user_model, username: str, *, operators: bool = False,
 
 @pytest.fixture
 def operator(django_user_model):
-    """The operators group as migrated, and add_task so the trigger form is theirs."""
-    return _staff(django_user_model, "operator", operators=True, perms=("add_task",))
+    """A member of the operators group as migrated (which includes add_task)."""
+    return _staff(django_user_model, "operator", operators=True)
 
 
 @pytest.fixture

@@ -4,11 +4,11 @@ from django.contrib.auth.models import Group
 pytestmark = pytest.mark.django_db
 
 
-def test_the_operators_group_can_view_cancel_and_retry(django_user_model):
+def test_the_operators_group_can_view_cancel_retry_and_trigger(django_user_model):
     group = Group.objects.get(name="operators")
     assert set(group.permissions.values_list("codename", flat=True)) == {
         "view_task", "view_all_tasks", "cancel_task", "retry_task", "view_stepcheckpoint",
-        "view_tasktransition"}
+        "view_tasktransition", "add_task"}
     user = django_user_model.objects.create_user("op")
     user.groups.add(group)
     user = django_user_model.objects.get(pk=user.pk)

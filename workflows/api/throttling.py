@@ -16,6 +16,8 @@ from django.core.cache import cache
 from rest_framework.exceptions import Throttled
 from rest_framework.throttling import BaseThrottle
 
+from workflows.shared_cache import cache_soft
+
 _PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -26,7 +28,15 @@ def trigger_rate() -> tuple[int, int]:
 
 def trigger_throttle_consume(user, cost: int = 1) -> None:
     """Count `cost` triggers for `user` in the current window; raise Throttled
-    (with the wait until the window ends) when that goes over the rate."""
+    (with the wait until the window ends) when that goes over the rate. With the
+    cache unreachable the trigger goes through (see workflows.shared_cache)."""
+    wait = cache_soft("trigger throttle", lambda: _consume(user, cost), None)
+    if wait is not None:
+        raise Throttled(wait=wait)
+
+
+def _consume(user, cost: int) -> float | None:
+    """The seconds to wait if `cost` more triggers exceed the rate, else None."""
     limit, period = trigger_rate()
     now = time.time()
     window = int(now // period)
@@ -40,7 +50,8 @@ def trigger_throttle_consume(user, cost: int = 1) -> None:
             used = cache.incr(key, cost)
     if used > limit:
         cache.decr(key, cost)  # a refused request does not use up the allowance
-        raise Throttled(wait=max(1.0, (window + 1) * period - now))
+        return max(1.0, (window + 1) * period - now)
+    return None
 
 
 class TriggerRateThrottle(BaseThrottle):

@@ -8,14 +8,16 @@ harmless.
   is written inside the caller's transaction (a transactional outbox): a
   rolled-back trigger enqueues nothing, a committed one cannot lose its
   message. With Redis the push happens after commit; if the process dies in
-  between, the dispatcher re-enqueues the still-pending task
-  (PILOT_REENQUEUE_SECONDS).
+  between, or Redis is down (`enqueue_failed` is logged, the request still
+  succeeds: its task is committed), the dispatcher re-enqueues the
+  still-pending task (PILOT_REENQUEUE_SECONDS).
 - `enqueue_rollback_unsafe(ids)` pushes immediately, whatever the transaction
   does; only the dispatcher, working outside a transaction, uses it.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable
 
@@ -25,6 +27,8 @@ from django_q.brokers import get_broker
 from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
+
+from workflows.observability.events import emit
 
 RUN_TASK = "workflows.worker.run_task"
 
@@ -79,4 +83,15 @@ def enqueue_on_commit(task_ids: Iterable) -> None:
     if uses_orm_broker():
         enqueue_rollback_unsafe(ids)  # same database: part of the caller's transaction
     else:
-        transaction.on_commit(lambda: enqueue_rollback_unsafe(ids))
+        transaction.on_commit(lambda: _push_after_commit(ids))
+
+
+def _push_after_commit(ids: list[str]) -> None:
+    """The committed tasks exist whatever happens here; if the broker is down,
+    say so and let the dispatcher enqueue them again after
+    PILOT_REENQUEUE_SECONDS instead of failing a request that succeeded."""
+    try:
+        enqueue_rollback_unsafe(ids)
+    except Exception as exc:  # noqa: BLE001 - any broker failure; the dispatcher covers it
+        emit("enqueue_failed", level=logging.WARNING, count=len(ids),
+             error=f"{type(exc).__name__}: {exc}"[:300])

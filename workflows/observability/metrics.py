@@ -33,6 +33,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from workflows.observability import events
+from workflows.shared_cache import cache_soft
 
 log = logging.getLogger("pilot.metrics")
 
@@ -91,11 +92,12 @@ class TaskStateCollector:
         counts, up = None, 1
         ttl = settings.PILOT_METRICS_TASKS_TTL
         try:
-            counts = cache.get(_CACHE_KEY) if ttl else None
+            counts = cache_soft("metrics read", lambda: cache.get(_CACHE_KEY), None) \
+                if ttl else None
             if counts is None:
                 counts = task_counts_by_state()
                 if ttl:
-                    cache.set(_CACHE_KEY, counts, ttl)
+                    cache_soft("metrics write", lambda: cache.set(_CACHE_KEY, counts, ttl), None)
         except DatabaseError as exc:
             log.warning("pilot_tasks not available: %s", str(exc)[:200])
             counts, up = None, 0
