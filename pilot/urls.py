@@ -1,5 +1,6 @@
 """Top-level URL map."""
 
+from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
@@ -11,3 +12,6 @@ urlpatterns = [
     path("healthz", HealthzView.as_view(), name="healthz"),
     path("readyz", ReadyzView.as_view(), name="readyz"),
 ]
+
+if settings.PILOT_BENCH_ENDPOINTS:  # the benchmark's baselines, see pilot/settings.py
+    urlpatterns.append(path("bench/", include("bench.ceiling.urls")))
