@@ -1,9 +1,10 @@
-# PILOT — the two commands: `make run` and `make test`.
+# PILOT — the two commands: `make run` and `make test` (and `make bench`).
 VENV   ?= .venv
+BENCH_VENV := bench/.venv
 PY     := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: run test test-sqlite test-main lint check clean
+.PHONY: run test test-sqlite test-main lint check bench clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +42,18 @@ check: $(VENV)/.installed-dev
 		$(PY) manage.py makemigrations --check --dry-run
 	env -u DATABASE_URL DJANGO_SECRET_KEY=check-only-secret-key-0123456789abcdef \
 		$(PY) manage.py check
+
+$(BENCH_VENV)/.installed: bench/requirements.txt
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --disable-pip-version-check -q -r bench/requirements.txt
+	touch $@
+
+## bench: PILOT against its baselines (raw django-q2, a bare DRF insert, DBOS,
+## Procrastinate) on the local PostgreSQL and Redis, ~10 minutes; prints the table
+## and writes bench/results.md. BENCH_QUICK=1: short runs, to check the harness.
+bench: $(VENV)/.installed $(BENCH_VENV)/.installed
+	@command -v wrk >/dev/null || (apt-get update -q && apt-get install -y -q wrk)
+	BENCH_QUICK=$(BENCH_QUICK) $(PY) -m bench.run
 
 clean:
 	rm -rf $(VENV) db.sqlite3 db.sqlite3-wal db.sqlite3-shm staticfiles
