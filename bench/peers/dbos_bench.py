@@ -79,6 +79,7 @@ def run(runs: int, workers: int) -> None:
     try:
         _enqueue(client, f"{tag}-w-", 1)
         _wait(f"{tag}-w-", 1, procs, timeout=120)
+        before = peerdb.counters(DB)
         t0 = time.time()
         _enqueue(client, f"{tag}-r-", runs)
         t_end = _wait(f"{tag}-r-", runs, procs, timeout=600)
@@ -87,6 +88,8 @@ def run(runs: int, workers: int) -> None:
         for proc in procs.values():
             proc.stop()
         peaks = sampler.stop()
+    time.sleep(0.5)  # the stopped sessions' statistics reach pg_stat_database
+    costs = peerdb.per_run(before, peerdb.counters(DB), runs)
     lags = peerdb.query(DB, "SELECT (started_at_epoch_ms - created_at) / 1000.0 "
                             "FROM dbos.workflow_status WHERE workflow_uuid LIKE %s",
                         (f"{tag}-r-%",))
@@ -95,6 +98,7 @@ def run(runs: int, workers: int) -> None:
     emit_result({"system": "dbos", "workers": workers, "runs": runs,
                  "seconds": round(seconds, 3), "runs_per_s": round(runs / seconds, 2),
                  "lag_p50_ms": _ms(percentile(lags, 50)), "lag_p99_ms": _ms(percentile(lags, 99)),
+                 "per_run": costs,
                  "rss": {"worker": round(max(mb for _, mb in peaks.values()), 1)}})
 
 

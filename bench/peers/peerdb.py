@@ -31,3 +31,16 @@ def check_alive(procs: dict) -> None:
     for name, proc in procs.items():
         if not proc.alive:
             raise RuntimeError(f"{name} exited; see {proc.log_path}")
+
+
+def counters(name: str) -> dict:
+    """The database's cumulative transactions and rows written (pg_stat_database);
+    a session's figures arrive when it ends, so read after stopping the workers."""
+    [row] = query(name, "SELECT xact_commit, xact_rollback, tup_inserted, tup_updated, "
+                        "tup_deleted FROM pg_stat_database WHERE datname = %s", (name,))
+    return dict(zip(["commits", "rollbacks", "inserted", "updated", "deleted"], row,
+                    strict=True))
+
+
+def per_run(before: dict, after: dict, runs: int) -> dict:
+    return {k: round((after[k] - before[k]) / runs, 2) for k in before}

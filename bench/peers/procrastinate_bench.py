@@ -86,6 +86,7 @@ def run(runs: int, workers: int) -> None:
         with app.open():
             _defer(write3, f"{tag}-w-", 1)
             _wait(f"{tag}-w-", 1, procs, timeout=120)
+            before = peerdb.counters(DB)
             t0 = time.time()
             _defer(write3, f"{tag}-r-", runs)
             t_end = _wait(f"{tag}-r-", runs, procs, timeout=600)
@@ -93,6 +94,8 @@ def run(runs: int, workers: int) -> None:
         for proc in procs.values():
             proc.stop()
         peaks = sampler.stop()
+    time.sleep(0.5)  # the stopped sessions' statistics reach pg_stat_database
+    costs = peerdb.per_run(before, peerdb.counters(DB), runs)
     lags = [float(r[0]) for r in peerdb.query(
         DB, "SELECT extract(epoch FROM r.started_at) - (j.args->>'enqueued_at')::float "
             "FROM bench_rows r JOIN procrastinate_jobs j ON j.args->>'run_id' = r.run "
@@ -101,6 +104,7 @@ def run(runs: int, workers: int) -> None:
     emit_result({"system": "procrastinate", "workers": workers, "runs": runs,
                  "seconds": round(seconds, 3), "runs_per_s": round(runs / seconds, 2),
                  "lag_p50_ms": _ms(percentile(lags, 50)), "lag_p99_ms": _ms(percentile(lags, 99)),
+                 "per_run": costs,
                  "rss": {"worker": round(max(mb for _, mb in peaks.values()), 1)}})
 
 
