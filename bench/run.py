@@ -21,11 +21,22 @@ import dataclasses
 import json
 import os
 import platform
+import shutil
 import subprocess
 import time
 
 from bench import report
-from bench.common import BENCH_PY, OUT, PILOT_PY, ROOT, parse_result, pilot_env, quick, run_checked
+from bench.common import (
+    BENCH_PY,
+    LOGS,
+    OUT,
+    PILOT_PY,
+    ROOT,
+    parse_result,
+    pilot_env,
+    quick,
+    run_checked,
+)
 from bench.common import log as say
 from bench.profile_summary import summarise
 from bench.report import Goal, Section
@@ -189,7 +200,6 @@ def machine_meta(plan: Plan, load_start, load_end, minutes: float) -> list[str]:
 
 def preflight() -> None:
     """Fail at once, with the reason, when a server or tool the run needs is missing."""
-    import shutil
     import socket
 
     for what, port in (("PostgreSQL", 5432), ("Redis", 6379)):
@@ -207,6 +217,8 @@ def preflight() -> None:
 def main() -> None:
     preflight()
     plan = QUICK if quick() else FULL
+    for stale in (LOGS, OUT / "probe"):  # the last run's logs; bench/out is ours alone
+        shutil.rmtree(stale, ignore_errors=True)
     OUT.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
     bench = Bench(plan)
