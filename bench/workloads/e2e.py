@@ -76,7 +76,7 @@ def main() -> None:
     profiler = None
     try:
         system.trigger([f"{tag}-w-0"])
-        system.wait(f"{tag}-w-", 1, timeout=120)
+        system.wait(f"{tag}-w-", 1, procs, timeout=120)
         counters_before = pilotdb.db_counters()
         if args.profile:
             profiler = _profiler_start(procs["qcluster"].pid, args.profile)
@@ -90,7 +90,7 @@ def main() -> None:
         else:
             for start in range(0, len(keys), BATCH):
                 system.trigger(keys[start:start + BATCH])
-        t_end = system.wait(prefix, len(keys), timeout=RUN_TIMEOUT)
+        t_end = system.wait(prefix, len(keys), procs, timeout=RUN_TIMEOUT)
     finally:
         if profiler:
             _profiler_stop(profiler)
@@ -132,7 +132,7 @@ class Pilot:
         if bad:
             raise RuntimeError(f"trigger refused: {bad[:3]}")
 
-    def wait(self, prefix: str, n: int, timeout: float) -> float:
+    def wait(self, prefix: str, n: int, procs: dict, timeout: float) -> float:
         """Block until the n tasks keyed `prefix…` succeeded; return the last finished_at."""
         from django.db.models import Count, Max, Q
 
@@ -141,6 +141,7 @@ class Pilot:
         deadline = time.monotonic() + timeout
         tasks = Task.objects.filter(idempotency_key__startswith=prefix)
         while True:
+            _check_alive(procs)
             row = tasks.aggregate(done=Count("pk", filter=Q(state="succeeded")),
                                   bad=Count("pk", filter=Q(state__in=["failed", "cancelled"])),
                                   last=Max("finished_at"))
@@ -175,7 +176,7 @@ class Raw:
             self.enqueued[key] = time.time()
             async_task("bench.ceiling.rawq.write3", key)
 
-    def wait(self, prefix: str, n: int, timeout: float) -> float:
+    def wait(self, prefix: str, n: int, procs: dict, timeout: float) -> float:
         from django.db.models import Count, Max
 
         from bench.ceiling.models import BareStep
@@ -183,6 +184,7 @@ class Raw:
         rows = BareStep.objects.filter(run__startswith=prefix)
         deadline = time.monotonic() + timeout
         while True:
+            _check_alive(procs)
             row = rows.aggregate(n=Count("pk"), last=Max("finished_at"))
             if row["n"] >= 3 * n:
                 return row["last"].timestamp()
@@ -196,6 +198,13 @@ class Raw:
         firsts = BareStep.objects.filter(index=0, run__startswith=prefix).values_list(
             "run", "started_at")
         return [started.timestamp() - self.enqueued[run] for run, started in firsts]
+
+
+def _check_alive(procs: dict) -> None:
+    """Fail at once, not at the timeout, when qcluster or the dispatcher died."""
+    for name, proc in procs.items():
+        if not proc.alive:
+            raise RuntimeError(f"{name} exited; see {proc.log_path}")
 
 
 def _rss_report(peaks: dict, probe_dir) -> dict:
