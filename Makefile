@@ -1,9 +1,10 @@
-# PILOT — the two commands: `make run` and `make test`.
+# PILOT — the two commands: `make run` and `make test` (and `make bench`).
 VENV   ?= .venv
+BENCH_VENV := bench/.venv
 PY     := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: run test test-sqlite test-main lint check audit bench-cleanup clean chromium
+.PHONY: run test test-sqlite test-main lint check audit bench bench-cleanup clean chromium
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +64,18 @@ audit:
 ## latency (DATABASE_URL must name a PostgreSQL database containing "bench").
 bench-cleanup: $(VENV)/.installed-dev
 	$(PY) bench/cleanup_latency.py
+
+$(BENCH_VENV)/.installed: bench/requirements.txt
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --disable-pip-version-check -q -r bench/requirements.txt
+	touch $@
+
+## bench: PILOT against its baselines (raw django-q2, a bare DRF insert, DBOS,
+## Procrastinate) on the local PostgreSQL and Redis, ~10 minutes; prints the table
+## and writes bench/results.md. BENCH_QUICK=1: short runs, to check the harness.
+bench: $(VENV)/.installed $(BENCH_VENV)/.installed
+	@command -v wrk >/dev/null || (apt-get update -q && apt-get install -y -q wrk)
+	BENCH_QUICK=$(BENCH_QUICK) $(PY) -m bench.run
 
 clean:
 	rm -rf $(VENV) db.sqlite3 db.sqlite3-wal db.sqlite3-shm staticfiles

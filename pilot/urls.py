@@ -1,5 +1,6 @@
 """Top-level URL map."""
 
+from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
@@ -13,3 +14,6 @@ urlpatterns = [
     path("readyz", ReadyzView.as_view(), name="readyz"),
     path("metrics", metrics_view, name="metrics"),
 ]
+
+if settings.PILOT_BENCH_ENDPOINTS:  # the benchmark's baselines, see pilot/settings.py
+    urlpatterns.append(path("bench/", include("bench.ceiling.urls")))

@@ -1,0 +1,247 @@
+"""`make bench`: every workload of issue 7 against PILOT and its baselines in
+one run, several repetitions, a table of medians, min–max and ratios with every
+goal marked met or NOT met, written to bench/results.md.
+
+    .venv/bin/python -m bench.run               the full run (~10 minutes)
+    BENCH_QUICK=1 .venv/bin/python -m bench.run  short runs, to check the harness
+
+Each workload is a script run as its own process with the environment it
+needs (bench/workloads/, bench/peers/); this module only orders them, keeps
+the clock and turns their JSON answers into tables (bench/tables.py,
+bench/report.py). A
+workload that fails is reported as such and the run goes on. End-to-end
+repetitions stop early when the next one would overrun BENCH_BUDGET_MINUTES
+(default 11); the table says how many ran. Raw answers go to
+bench/out/results.json, logs of every process to bench/out/logs/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import subprocess
+import time
+
+from bench import report
+from bench.common import (
+    BENCH_PY,
+    LOGS,
+    OUT,
+    PILOT_PY,
+    ROOT,
+    parse_result,
+    pilot_env,
+    quick,
+    run_checked,
+)
+from bench.common import log as say
+from bench.profile_summary import summarise
+from bench.report import Goal, Section
+from bench.tables import (
+    E2E_SYSTEMS,
+    batch_section,
+    cleanup_section,
+    e2e_section,
+    lag_section,
+    profile_section,
+    queries_section,
+    scaling_section,
+    trigger_section,
+)
+
+RESULTS_MD = ROOT / "bench" / "results.md"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    name: str
+    trigger_reps: int
+    trigger_seconds: int   # per variant and repetition
+    batches: int           # per client (one per gunicorn worker) and repetition
+    e2e_reps: int
+    e2e_runs: int
+    scaling_runs: int
+    paced_runs: int
+    pace: float            # triggers per second for the unloaded queue lag
+    cleanup_tasks: int
+    cleanup_seconds: int
+    profile_runs: int
+
+
+FULL = Plan("full", trigger_reps=3, trigger_seconds=8, batches=3, e2e_reps=3, e2e_runs=2000,
+            scaling_runs=1000, paced_runs=60, pace=20, cleanup_tasks=100_000,
+            cleanup_seconds=10, profile_runs=500)
+QUICK = Plan("quick", trigger_reps=2, trigger_seconds=3, batches=1, e2e_reps=1, e2e_runs=300,
+             scaling_runs=200, paced_runs=30, pace=20, cleanup_tasks=10_000,
+             cleanup_seconds=3, profile_runs=200)
+
+
+class Bench:
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.started = time.monotonic()
+        self.budget = float(os.environ.get("BENCH_BUDGET_MINUTES", "11")) * 60
+        self.results: dict = {"plan": dataclasses.asdict(plan), "e2e": []}
+        self.failures: list[str] = []
+        self.last_rep = 0.0  # seconds the last end-to-end repetition took
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def workload(self, name: str, module: str, *args, env: dict, python=PILOT_PY,
+                 timeout: float = 900) -> dict | None:
+        say(f"[{self.elapsed():5.0f}s] {name}")
+        try:
+            return parse_result(run_checked([python, "-m", module, *args], env=env,
+                                            timeout=timeout, name=name))
+        except Exception as exc:  # noqa: BLE001 - reported in the table, the run goes on
+            self.failures.append(f"{name}: {str(exc).strip()[:1500]}")
+            say(f"  FAILED: {str(exc).strip()[:600]}")
+            return None
+
+    # --- the run -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        p = self.plan
+        if self.workload("prepare", "bench.workloads.prepare", env=pilot_env("orm")) is None:
+            raise SystemExit("could not prepare the bench database:\n" + self.failures[-1])
+        for broker in ("orm", "redis"):
+            self.results[f"queries_{broker}"] = self.workload(
+                f"queries-{broker}", "bench.workloads.queries",
+                env=pilot_env(broker, DJANGO_ALLOWED_HOSTS="localhost,127.0.0.1,testserver"))
+        self.results["http"] = self.workload(
+            "trigger-endpoint", "bench.workloads.http", "--reps", p.trigger_reps,
+            "--seconds", p.trigger_seconds, "--batches", p.batches, env=pilot_env("redis"))
+        self.results["cleanup"] = self.workload(
+            "cleanup", "bench.workloads.cleanup", "--tasks", p.cleanup_tasks,
+            "--seconds", p.cleanup_seconds, env=pilot_env("redis"))
+        self.results["scaling"] = [self.e2e("pilot", "redis", p.scaling_runs, workers=w,
+                                            name=f"scaling-{w}-workers") for w in (1, 2, 4)]
+        self.results["paced"] = [self.e2e(system, broker, p.paced_runs, pace=p.pace,
+                                          name=f"lag-paced-{system}-{broker}")
+                                 for system in ("pilot", "raw") for broker in ("orm", "redis")]
+        self.profile()
+        self.end_to_end()
+
+    def e2e(self, system: str, broker: str | None, runs: int, *, workers: int = 2,
+            pace: float = 0.0, name: str, extra: tuple = ()) -> dict | None:
+        if system in ("pilot", "raw"):
+            args = ["--system", system, "--runs", runs, "--workers", workers, *extra]
+            if pace:
+                args += ["--pace", pace]
+            return self.workload(name, "bench.workloads.e2e", *args, env=pilot_env(broker))
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        return self.workload(name, f"bench.peers.{system}_bench", "--runs", runs,
+                             "--workers", workers, env=env, python=BENCH_PY)
+
+    def end_to_end(self) -> None:
+        """Repetitions of every system, interleaved so drift hits all alike; a
+        repetition starts only if it fits in the budget (the first always runs)."""
+        for rep in range(self.plan.e2e_reps):
+            rep_started = time.monotonic()
+            if rep and self.elapsed() + self.last_rep > self.budget:
+                say(f"  budget: stopping after {rep} end-to-end repetition(s)")
+                break
+            for system, broker in E2E_SYSTEMS:
+                result = self.e2e(system, broker, self.plan.e2e_runs,
+                                  name=f"e2e-{system}-{broker or 'own'}-{rep + 1}")
+                self.results["e2e"].append({"system": system, "broker": broker, "rep": rep,
+                                            "result": result})
+            self.last_rep = time.monotonic() - rep_started
+
+    def profile(self) -> None:
+        path = OUT / "profile-worker.txt"
+        path.unlink(missing_ok=True)
+        result = self.e2e("pilot", "redis", self.plan.profile_runs, name="profile",
+                          extra=("--profile", str(path)))
+        self.results["profile"] = {"result": result, "path": str(path),
+                                   "summary": summarise(path).lines() if path.exists() else []}
+
+
+def machine_meta(plan: Plan, load_start, load_end, minutes: float) -> list[str]:
+    def version(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=10,
+                                  check=False).stdout.strip()
+        except OSError:
+            return "?"
+
+    commit = version(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])
+    pg = version(["psql", "-U", "postgres", "-h", "127.0.0.1", "-Atc", "SHOW server_version"])
+    redis = version(["redis-cli", "-h", "127.0.0.1", "INFO", "server"])
+    redis = next((x.split(":")[1] for x in redis.splitlines() if x.startswith("redis_version")),
+                 "?")
+    peers = version([str(BENCH_PY), "-c", "import importlib.metadata as m; "
+                     "print(m.version('dbos'), m.version('procrastinate'))"]).split()
+    ours = version([str(PILOT_PY), "-c", "import importlib.metadata as m; print(*[m.version(p) "
+                    "for p in ('django', 'django-q2', 'gunicorn', 'psycopg')])"]).split()
+    busy = load_start[0] > 0.5 or load_end[0] > os.cpu_count() * 1.5
+    meta = [f"Mode: {plan.name}; commit {commit}; {time.strftime('%Y-%m-%d %H:%M %Z')}; "
+            f"took {minutes:.1f} min.",
+            f"Machine: {os.cpu_count()} cores, {platform.python_implementation()} "
+            f"{platform.python_version()}, PostgreSQL {pg}, Redis {redis}; load average "
+            f"{load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end.",
+            f"PILOT on Django {ours[0] if ours else '?'}, django-q2 "
+            f"{ours[1] if len(ours) > 1 else '?'}, gunicorn {ours[2] if len(ours) > 2 else '?'}"
+            f", psycopg {ours[3] if len(ours) > 3 else '?'}; peers (bench/.venv): DBOS "
+            f"Transact {peers[0] if peers else '?'}, Procrastinate "
+            f"{peers[1] if len(peers) > 1 else '?'}."]
+    if plan.name == "quick":
+        meta.append("QUICK MODE: short runs to check the harness; not figures to quote.")
+    if busy:
+        meta.append("The machine was not idle when this ran (see the load average): absolute "
+                    "figures are noise; the ratios compare runs made side by side.")
+    return meta
+
+
+
+def preflight() -> None:
+    """Fail at once, with the reason, when a server or tool the run needs is missing."""
+    import socket
+
+    for what, port in (("PostgreSQL", 5432), ("Redis", 6379)):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=3).close()
+        except OSError:
+            raise SystemExit(f"{what} is not listening on 127.0.0.1:{port}; start it "
+                             "(.ci/run shows how) and run make bench again") from None
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is missing: apt-get install wrk (make bench does it)")
+    if not BENCH_PY.exists():
+        raise SystemExit("bench/.venv is missing: run `make bench`, which creates it")
+
+
+def main() -> None:
+    preflight()
+    plan = QUICK if quick() else FULL
+    for stale in (LOGS, OUT / "probe"):  # the last run's logs; bench/out is ours alone
+        shutil.rmtree(stale, ignore_errors=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    load_start = os.getloadavg()
+    bench = Bench(plan)
+    bench.run()
+    results = bench.results
+    results["failures"] = bench.failures
+    (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    goals: list[Goal] = []
+    sections = [*trigger_section(results, goals), *batch_section(results, goals),
+                *e2e_section(results, goals), *lag_section(results),
+                *cleanup_section(results, goals), *scaling_section(results),
+                *queries_section(results), *profile_section(results)]
+    if bench.failures:
+        sections.append(Section("Workloads that failed", ["workload and error (see "
+                                                          "bench/out/logs/)"],
+                                [[f.splitlines()[0][:300]] for f in bench.failures]))
+    meta = machine_meta(plan, load_start, os.getloadavg(), bench.elapsed() / 60)
+    title = "PILOT benchmarks (issue 7)"
+    print(report.render_text(title, meta, sections, goals))
+    RESULTS_MD.write_text(report.render_markdown(title, meta, sections, goals, [
+        "Produced by `make bench` (bench/run.py); raw figures in bench/out/results.json."]))
+    say(f"wrote {RESULTS_MD.relative_to(ROOT)} in {bench.elapsed() / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()

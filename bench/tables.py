@@ -1,0 +1,256 @@
+"""The workloads' answers (bench/out/results.json) as report sections, and the
+goals of issue 7 measured against them: medians over repetitions, min–max,
+ratios of medians against the baselines measured in the same run."""
+
+from __future__ import annotations
+
+import os
+
+from bench.report import MISSING, Goal, Section, median, number, ratio, spread, times
+
+E2E_SYSTEMS = [("pilot", "orm"), ("raw", "orm"), ("pilot", "redis"), ("raw", "redis"),
+               ("dbos", None), ("procrastinate", None)]
+LABELS = {"pilot": "PILOT (test.noop3)", "raw": "raw django-q2 (3 rows)",
+          "dbos": "DBOS Transact (3 steps)", "procrastinate": "Procrastinate (3 rows)"}
+BROKERS = {"orm": "ORM (PostgreSQL)", "redis": "Redis", None: "its own (PostgreSQL)"}
+
+
+def _variant(http: dict | None, name: str) -> list[dict]:
+    return (http or {}).get("variants", {}).get(name, [])
+
+
+def _values(items: list[dict], key: str) -> list:
+    return [item.get(key) for item in items if item]
+
+
+def trigger_section(r: dict, goals: list[Goal]) -> list[Section]:
+    http = r.get("http")
+    ceiling = _variant(http, "ceiling")
+    base_rps, base_p99 = median(_values(ceiling, "rps")), median(_values(ceiling, "p99_ms"))
+    rows = []
+    labels = {"ceiling": "bare DRF insert (ceiling)", "new": "trigger, new keys",
+              "replay": "trigger, 100 % replays", "mixed": "trigger, 50/50 mixed"}
+    for name, label in labels.items():
+        items = _variant(http, name)
+        rps, p99 = median(_values(items, "rps")), median(_values(items, "p99_ms"))
+        rows.append([label, spread(_values(items, "rps")), spread(_values(items, "p50_ms"), 1),
+                     spread(_values(items, "p99_ms"), 1), times(ratio(rps, base_rps)),
+                     times(ratio(p99, base_p99)), sum(_values(items, "non_2xx"))])
+        if name == "ceiling":
+            continue
+        if name in ("new", "replay"):
+            target = 0.8 if name == "new" else 1.0
+            value = ratio(rps, base_rps)
+            goals.append(Goal(f"{label}: req/s vs ceiling", times(value), f"≥ {target}×",
+                              None if value is None else value >= target))
+        value = ratio(p99, base_p99)
+        goals.append(Goal(f"{label}: p99 vs ceiling p99", times(value), "≤ 1.5×",
+                          None if value is None else value <= 1.5))
+    notes = []
+    if http:
+        notes = [f"gunicorn {http['gunicorn_workers']} sync workers; wrk, 2 threads, "
+                 f"{http['concurrency']} connections, {r['plan']['trigger_seconds']} s per "
+                 f"variant and repetition, variants interleaved; "
+                 f"{len(ceiling)} repetition(s).",
+                 f"Broker: {http['broker']}; the trigger throttle counts in the "
+                 f"{http['throttle_cache']} cache (PILOT_TRIGGER_RATE raised so it never "
+                 "refuses). No workers run: triggers only enqueue.",
+                 "The ceiling has the same token authentication and add_task permission, "
+                 "validates the body and inserts one comparable row (bench/ceiling)."]
+    header = ["workload", "req/s median (min–max)", "p50 ms", "p99 ms", "req/s vs ceiling",
+              "p99 vs ceiling", "non-2xx"]
+    return [Section("1. Trigger endpoint (POST /api/v1/tasks)", header, rows, notes)]
+
+
+def batch_section(r: dict, goals: list[Goal]) -> list[Section]:
+    http = r.get("http")
+    batch, single = _variant(http, "batch"), _variant(http, "new")
+    tasks_per_s = median(_values(batch, "items_per_s"))
+    single_rps = median(_values(single, "rps"))
+    value = ratio(tasks_per_s, single_rps)
+    goals.append(Goal("batch tasks/s vs single new-key triggers", times(value), "≥ 10×",
+                      None if value is None else value >= 10))
+    rows = [["POST /api/v1/tasks/batch, 1000 items", spread(_values(batch, "items_per_s")),
+             spread(_values(batch, "p50_ms"), 0), times(value)],
+            ["POST /api/v1/tasks, one per request (new keys)", spread(_values(single, "rps")),
+             spread(_values(single, "p50_ms"), 1), "1.00×"]]
+    notes = [f"Batch: one client per gunicorn worker, each sending {r['plan']['batches']} "
+             "batch(es) of 1000 new keys per repetition; tasks/s over the whole burst."]
+    return [Section("2. Batch trigger", ["how", "tasks/s median (min–max)",
+                                         "latency p50 ms (per request)", "vs single"],
+                    rows, notes)]
+
+
+def _e2e(r: dict, system: str, broker: str | None) -> list[dict]:
+    return [x["result"] for x in r["e2e"]
+            if x["system"] == system and x["broker"] == broker and x["result"]]
+
+
+def e2e_section(r: dict, goals: list[Goal]) -> list[Section]:
+    raw = {b: median(_values(_e2e(r, "raw", b), "runs_per_s")) for b in ("orm", "redis")}
+    pilot = {b: median(_values(_e2e(r, "pilot", b), "runs_per_s")) for b in ("orm", "redis")}
+    peers = {s: median(_values(_e2e(r, s, None), "runs_per_s")) for s in ("dbos",
+                                                                           "procrastinate")}
+    rows, reps = [], 0
+    for system, broker in E2E_SYSTEMS:
+        items = _e2e(r, system, broker)
+        reps = max(reps, len(items))
+        rate = median(_values(items, "runs_per_s"))
+        vs_raw = times(ratio(rate, raw[broker])) if broker else MISSING
+        rss = [i.get("rss", {}) for i in items]
+        worker_rss = max((x.get("worker", 0) for x in rss), default=None)
+        others = [v for x in rss for k, v in x.items() if k not in ("worker", "workers_seen")]
+        per_run = [i.get("per_run", {}) for i in items]
+        dup = sum(i.get("deliveries", {}).get("skipped", 0) for i in items)
+        rows.append([LABELS[system], BROKERS[broker], spread(_values(items, "runs_per_s"), 1),
+                     vs_raw, number(worker_rss, 1), number(max(others, default=None), 1),
+                     number(median(_values(per_run, "commits")), 1),
+                     number(median([(p.get("inserted", 0) + p.get("updated", 0)
+                                     + p.get("deleted", 0)) for p in per_run if p]), 1),
+                     dup if system == "pilot" else MISSING, len(items)])
+    for broker in ("orm", "redis"):
+        value = ratio(pilot[broker], raw[broker])
+        goals.append(Goal(f"end to end, {BROKERS[broker]} broker: PILOT vs raw django-q2",
+                          times(value), "≥ 0.8×", None if value is None else value >= 0.8))
+    pilot_rss = [i.get("rss", {}).get("worker") for b in ("orm", "redis")
+                 for i in _e2e(r, "pilot", b)]
+    pilot_rss = [x for x in pilot_rss if x]
+    goals.append(Goal("peak RSS per PILOT worker process", number(max(pilot_rss, default=None),
+                                                                   1) + " MB", "≤ 80 MB",
+                      None if not pilot_rss else max(pilot_rss) <= 80))
+    for broker in ("orm", "redis"):
+        value = ratio(pilot[broker], peers["dbos"])
+        goals.append(Goal(f"end to end, {BROKERS[broker]} broker: PILOT vs DBOS",
+                          times(value), "≥ 1.4×", None if value is None else value >= 1.4))
+    value = ratio(pilot["redis"], peers["procrastinate"])
+    goals.append(Goal("end to end, Redis broker: PILOT vs Procrastinate", times(value),
+                      "> 1×", None if value is None else value > 1))
+    notes = [f"{r['plan']['e2e_runs']} runs per repetition, from the first trigger to the "
+             "last run's final write (read from the database); qcluster with 2 workers "
+             "(+ run_dispatcher for PILOT), the same Q_CLUSTER settings for raw django-q2; "
+             "DBOS and Procrastinate with 2 worker processes (bench/peers/).",
+             "Peak RSS is VmHWM from /proc, sampled every 0.25 s; 'other' is the largest of "
+             "the qcluster sentinel/pusher/monitor and the dispatcher.",
+             "Transactions and rows per run: pg_stat_database of the system's database over "
+             "the timed part (so broker polling, the dispatcher and the peers' own "
+             "bookkeeping count too, not only the runs' statements).",
+             "Duplicate deliveries: messages PILOT's run_task answered 'skipped' (a run "
+             "delivered again, e.g. re-enqueued by the dispatcher after "
+             "PILOT_REENQUEUE_SECONDS in the queue)."]
+    header = ["system", "broker", "runs/s median (min–max)", "vs raw django-q2",
+              "peak RSS worker MB", "peak RSS other MB", "DB transactions/run",
+              "rows written/run", "duplicate deliveries", "reps"]
+    return [Section("3. End to end: 3-step runs, trigger to all succeeded", header, rows,
+                    notes)]
+
+
+def lag_section(r: dict) -> list[Section]:
+    rows = []
+    for item in r.get("paced") or []:
+        if item:
+            rows.append([LABELS[item["system"]], BROKERS[item["broker"]],
+                         f"paced, {number(item['paced'])} triggers/s",
+                         number(item["lag_p50_ms"], 1), number(item["lag_p99_ms"], 1)])
+    for system, broker in E2E_SYSTEMS:
+        items = _e2e(r, system, broker)
+        if items:
+            rows.append([LABELS[system], BROKERS[broker],
+                         f"burst of {r['plan']['e2e_runs']} (backlog)",
+                         spread(_values(items, "lag_p50_ms"), 0),
+                         spread(_values(items, "lag_p99_ms"), 0)])
+    notes = ["PILOT: Task.created_at to the first StepCheckpoint's started_at. Raw "
+             "django-q2 and Procrastinate: enqueue time to the first row's write. DBOS: "
+             "workflow created_at to started_at_epoch_ms.",
+             "In a burst every run waits behind the backlog, so burst lag is mostly queueing; "
+             "the paced rows are the lag of an unloaded system."]
+    return [Section("4. Queue lag: trigger to first step start", ["system", "broker", "load",
+                                                                  "p50 ms", "p99 ms"],
+                    rows, notes)]
+
+
+def cleanup_section(r: dict, goals: list[Goal]) -> list[Section]:
+    c = r.get("cleanup")
+    if not c:
+        goals.append(Goal("trigger p99 during cleanup vs without", MISSING, "≤ 2×", None))
+        return [Section("5. Cleanup under trigger load", ["—"], [["the workload failed"]])]
+    value = ratio(c["with"]["p99_ms"], c["without"]["p99_ms"])
+    name = "trigger p99 during cleanup vs without"
+    if c["standin"]:
+        name += " (STAND-IN cleanup)"
+    goals.append(Goal(name, times(value), "≤ 2×", None if value is None else value <= 2))
+    rows = [["new-key triggers alone", number(c["without"]["rps"]),
+             number(c["without"]["p50_ms"], 1), number(c["without"]["p99_ms"], 1), "1.00×"],
+            ["new-key triggers while cleanup runs", number(c["with"]["rps"]),
+             number(c["with"]["p50_ms"], 1), number(c["with"]["p99_ms"], 1), times(value)]]
+    what = ("a STAND-IN (bench/workloads/cleanup_standin.py: 1000-row batches through "
+            "workflows.engine.cleanup.tasks_delete), because this checkout has no "
+            "cleanup_tasks command yet" if c["standin"] else f"`python {c['command']}`")
+    notes = [f"{number(c['tasks'])} expired tasks (3 steps, 2 transitions each) deleted by "
+             f"{what}: {number(c['cleanup_seconds'], 1)} s, {number(c['deleted_per_s'])} "
+             f"tasks/s, {c['remaining']} left, exit code {c['exit_code']}.",
+             f"Load: wrk, 16 connections, new keys; 'with' is {c['windows']} window(s) of 2 s "
+             f"while the cleanup ran (it ran during {c['overlap'] * 100:.0f} % of them). "
+             "One repetition."]
+    return [Section("5. Cleanup under trigger load", ["load", "req/s", "p50 ms", "p99 ms",
+                                                      "p99 vs alone"], rows, notes)]
+
+
+def scaling_section(r: dict) -> list[Section]:
+    rows, base = [], None
+    for item in r.get("scaling") or []:
+        if not item:
+            continue
+        base = base or item["runs_per_s"]
+        rows.append([item["workers"], number(item["runs_per_s"], 1),
+                     times(item["runs_per_s"] / base), number(item["rss"].get("worker"), 1)])
+    notes = [f"PILOT, Redis broker, {r['plan']['scaling_runs']} runs each, one repetition; "
+             "qcluster with W workers + run_dispatcher on this machine's "
+             f"{os.cpu_count()} cores."]
+    return [Section("6. Scaling: end-to-end rate by worker processes",
+                    ["workers", "runs/s", "vs 1 worker", "peak RSS worker MB"], rows, notes)]
+
+
+def queries_section(r: dict) -> list[Section]:
+    orm, redis = r.get("queries_orm") or {}, r.get("queries_redis") or {}
+
+    def cell(q: dict, *path) -> str:
+        for key in path:
+            q = q.get(key, {}) if isinstance(q, dict) else {}
+        return MISSING if q == {} else str(q)
+
+    def both(*path) -> list[str]:
+        return [cell(orm, *path), cell(redis, *path)]
+
+    rows = [["API trigger, new key (whole request)", *both("api_new_key", "statements"),
+             *both("api_new_key", "transactions")],
+            ["API trigger, replay (whole request)", *both("api_replay", "statements"),
+             *both("api_replay", "transactions")],
+            ["API batch of 100 (whole request)", *both("api_batch_100", "statements"),
+             *both("api_batch_100", "transactions")],
+            ["ceiling endpoint (whole request)", *both("ceiling", "statements"),
+             *both("ceiling", "transactions")],
+            ["worker: run_task of one test.noop3 run", *both("worker_run", "statements"),
+             *both("worker_run", "transactions")],
+            ["django-q2 ORM broker per message (dequeue + ack)",
+             cell(orm, "worker_run", "broker_per_message"), "(Redis)", MISSING, MISSING],
+            ["raw django-q2 task (write3)", *both("raw_run", "statements"),
+             *both("raw_run", "transactions")]]
+    kinds = (redis or orm).get("worker_run", {}).get("kinds", {})
+    notes = ["Statements include BEGIN and COMMIT: they are database round trips. Counted "
+             "in-process with Django's CaptureQueriesContext (pg_stat_statements is not "
+             "loaded on the shared server).",
+             "ORM column: the throttle counts in the database cache; Redis column: in Redis.",
+             "One worker run: " + ", ".join(f"{n}× {k}" for k, n in kinds.items()) + "."]
+    return [Section("7. Queries per PILOT run", ["what", "statements (ORM/DB cache)",
+                                                 "statements (Redis)", "transactions (ORM)",
+                                                 "transactions (Redis)"], rows, notes)]
+
+
+def profile_section(r: dict) -> list[Section]:
+    prof = r.get("profile") or {}
+    lines = prof.get("summary") or ["(no profile: py-spy failed or the run failed)"]
+    notes = ["py-spy (--idle, 100 Hz) over the whole qcluster during a separate PILOT run "
+             f"(Redis broker, {r['plan']['profile_runs']} runs, not part of the figures); "
+             "collapsed stacks in bench/out/profile-worker.txt (speedscope opens them)."]
+    return [Section("8. Worker hot path profile", ["summary"], [[line] for line in lines if line],
+                    notes)]
