@@ -146,10 +146,10 @@ def test_a_stale_lease_token_is_refused_on_every_write(owner):
     from workflows.engine import checkpoints
 
     with pytest.raises(LeaseLost):
-        checkpoints.step_started(first.lease, index=0, name="echo", attempts=1)
+        checkpoints.steps_write(first.lease, [checkpoints.started(0, "echo", 1, timezone.now())])
     with pytest.raises(LeaseLost), transaction.atomic():
         fence_lock(first.lease)
-    checkpoints.step_started(second.lease, index=0, name="echo", attempts=1)
+    checkpoints.steps_write(second.lease, [checkpoints.started(0, "echo", 1, timezone.now())])
 
 
 def test_a_cancel_racing_an_atomic_step_leaves_no_effect_behind(owner, temp_workflow):

@@ -125,9 +125,10 @@ def test_a_cancelling_task_whose_worker_died_is_finished(start, owner, temp_work
     claim = task_claim(task_id=pop_queued()[0], worker="dies-after-one")
     from workflows.engine import checkpoints
 
-    checkpoints.step_started(claim.lease, index=0, name="one", attempts=1)
-    checkpoints.step_succeeded(claim.lease, index=0, name="one", output="done",
-                               next_step=(1, "two", 1))
+    now = timezone.now()
+    checkpoints.steps_write(claim.lease, [checkpoints.started(0, "one", 1, now)])
+    checkpoints.steps_write(claim.lease, [checkpoints.succeeded(0, "one", "done", now),
+                                          checkpoints.started(1, "two", 1, now)])
     task_cancel(task_id=saga.pk, user=owner)
     expire_lease(saga.pk)
     assert dispatch_once().cancels_enqueued == 1

@@ -7,8 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tests.helpers import drain, pop_queued
+from tests.helpers import drain, expire_lease, pop_queued
 from workflows.engine.claims import task_claim
+from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.triggers import task_trigger
 from workflows.errors import NonRetryableError, RetryableError
 from workflows.models import DemoOrder, StepCheckpoint, Task, TaskTransition
@@ -215,8 +216,14 @@ def test_a_checkpoint_under_another_name_stops_the_run(start, counted):
     calls, _ = counted
     task = start("test.counted", {})
     pop_queued()
+    # An earlier attempt, under an older version of the workflow, checkpointed a
+    # step of another name at index 0, then its worker died.
+    assert task_claim(task_id=task.pk, worker="old-version") is not None
     StepCheckpoint.objects.create(task_id=task.pk, index=0, name="renamed", state="succeeded",
                                   output={"a": 1})
+    expire_lease(task.pk)
+    dispatch_once()
+    Task.objects.filter(pk=task.pk).update(next_attempt_at=timezone.now())
     assert run_task(str(task.pk)) == "failed"
     task.refresh_from_db()
     assert (task.state, task.error_type) == (S.FAILED, "WorkflowChanged")

@@ -56,6 +56,8 @@ def _key_from(request, body_key):
 
 def _trigger_response(outcome) -> Response:
     task = outcome.task
+    if outcome.outcome == "created":
+        task._prefetched_objects_cache = {"steps": []}  # a new task has no steps yet
     headers = {"Idempotent-Replayed": "true" if outcome.replayed else "false"}
     if outcome.http_status == status.HTTP_202_ACCEPTED:
         headers["Location"] = f"/api/v1/tasks/{task.pk}"

@@ -33,13 +33,18 @@ def actor_for(user: AbstractBaseUser | None) -> str:
 
 
 def transition_apply(task: Task, name: str, *, actor: str, reason: str = "",
-                     set_fields: dict | None = None, **kwargs) -> TaskTransition:
+                     set_fields: dict | None = None, fence_token: int | None = None,
+                     **kwargs) -> TaskTransition:
     """Run transition `name` with `kwargs` on the locked `task` (after assigning
     `set_fields`, non-state bookkeeping that belongs to the same change), save
     the fields that changed and record the edge. Raises
     django_fsm.TransitionNotAllowed if the edge is not legal from the current
     state, ConcurrentTransition if the row's state changed since it was read
-    (only possible without the lock)."""
+    (only possible without the lock).
+
+    With `fence_token` the task need not be locked first: the save is a
+    compare-and-set on (state as read, lease_token = fence_token), and
+    ConcurrentTransition means the worker no longer owns the task."""
     before = {attname: task.__dict__.get(attname) for attname in _fields()}
     from_state = task.state
     for attname, value in (set_fields or {}).items():
@@ -47,7 +52,11 @@ def transition_apply(task: Task, name: str, *, actor: str, reason: str = "",
     getattr(task, name)(**kwargs)
     task.updated_at = timezone.now()
     changed = [a for a in _fields() if task.__dict__.get(a) != before[a] or a == "updated_at"]
-    task.save(update_fields=changed)
+    task._fence_token = fence_token
+    try:
+        task.save(update_fields=changed)
+    finally:
+        task._fence_token = None
     record = TaskTransition.objects.create(
         task=task, transition=name, from_state=from_state, to_state=task.state,
         actor=actor[:200], reason=reason, at=task.updated_at,

@@ -1,79 +1,141 @@
 """Step checkpoints, written only under the worker's fence (SPEC §7).
 
-Each function renews the fence first (the task row stays locked until the
-surrounding transaction commits, task before step), then upserts the step's
-row on its (task, index) unique constraint. A worker that lost its lease gets
-LeaseLost/CancelRequested and writes nothing.
+Every write is conditional on the worker's lease token and the task's state:
+the fence (an UPDATE of the task row that also extends the lease) and the
+step upsert on (task, index) commit together or not at all, task row first.
+A worker that lost its lease gets LeaseLost/CancelRequested and writes nothing.
 
-`step_succeeded` joins the caller's transaction when there is one: an atomic
-step calls it inside the transaction that holds the step's own database
-writes, so body, fence re-check and checkpoint commit together — exactly once.
+The hot path — `steps_write`, used at every step boundary — is one statement
+on PostgreSQL: a data-modifying CTE runs the fence and inserts the rows only
+if it matched, in the caller's transaction or, outside one, as its own
+autocommit statement. Elsewhere (SQLite) it is the fence then the upsert in a
+transaction. Inside an atomic step's transaction it joins that transaction,
+so the body, the fence re-check and the checkpoint commit together — exactly
+once.
 """
 
 from __future__ import annotations
 
-from django.db import transaction
+import dataclasses
+import json
+from datetime import datetime
+
+from django.db import connection, transaction
 from django.utils import timezone
 
-from workflows.engine.leases import Lease, fence_renew
-from workflows.models import StepCheckpoint
+from workflows.engine.leases import Lease, fence_renew, lease_expiry, raise_lease_refusal
+from workflows.models import StepCheckpoint, Task
 from workflows.states import StepState, TaskState
 
+_STEP_TABLE = StepCheckpoint._meta.db_table
+_TASK_TABLE = Task._meta.db_table
+_COLUMNS = '"task_id", "index", "name", "state", "output", "attempts", "error", ' \
+           '"started_at", "finished_at"'
+# A re-written row keeps what the writer does not know: its first start time and
+# its highest attempt count; `progress` is never touched here.
+_ON_CONFLICT = f"""
+ON CONFLICT ("task_id", "index") DO UPDATE SET
+    "name" = excluded."name", "state" = excluded."state", "output" = excluded."output",
+    "attempts" = CASE WHEN excluded."attempts" > {_STEP_TABLE}."attempts"
+                      THEN excluded."attempts" ELSE {_STEP_TABLE}."attempts" END,
+    "error" = excluded."error",
+    "started_at" = COALESCE(excluded."started_at", {_STEP_TABLE}."started_at"),
+    "finished_at" = excluded."finished_at"
+"""
 
-def step_record(task_id, index: int, name: str, **values) -> None:
-    """Upsert step `index`'s row. Only for a caller that already holds the fence
-    (the task row locked through fence_lock/fence_renew in this transaction)."""
-    StepCheckpoint.objects.bulk_create(
-        [StepCheckpoint(task_id=task_id, index=index, name=name, **values)],
-        update_conflicts=True, unique_fields=["task", "index"],
-        update_fields=["name", *values])
+
+@dataclasses.dataclass(frozen=True)
+class StepRow:
+    index: int
+    name: str
+    state: str
+    output: object = None
+    attempts: int = 0           # 0: keep the stored count
+    error: str = ""
+    started_at: datetime | None = None   # None: keep the stored start
+    finished_at: datetime | None = None
 
 
-def step_started(lease: Lease, *, index: int, name: str, attempts: int) -> None:
-    """Mark step `index` running (attempt number `attempts` of that step)."""
-    with transaction.atomic(savepoint=False):
-        fence_renew(lease)
-        step_record(lease.task_id, index, name, state=StepState.RUNNING, attempts=attempts,
-                started_at=timezone.now(), finished_at=None, error="")
+def started(index: int, name: str, attempts: int, now: datetime) -> StepRow:
+    return StepRow(index, name, StepState.RUNNING, attempts=attempts, started_at=now)
 
 
-def step_succeeded(lease: Lease, *, index: int, name: str, output,
-                   next_step: tuple[int, str, int] | None = None,
-                   states=(TaskState.RUNNING,)) -> None:
-    """Record step `index` succeeded with `output` (the memo later steps and
-    resumed runs read) and, in the same transaction, mark `next_step`
-    (index, name, attempts) running — one commit per step boundary."""
-    with transaction.atomic(savepoint=False):
-        fence_renew(lease, states=states)
-        now = timezone.now()
-        step_record(lease.task_id, index, name, state=StepState.SUCCEEDED, output=output,
-                finished_at=now, error="")
-        if next_step is not None:
-            next_index, next_name, attempts = next_step
-            step_record(lease.task_id, next_index, next_name, state=StepState.RUNNING,
-                    attempts=attempts, started_at=now, finished_at=None, error="")
+def succeeded(index: int, name: str, output, now: datetime) -> StepRow:
+    return StepRow(index, name, StepState.SUCCEEDED, output=output, finished_at=now)
 
+
+def _params(task_id, row: StepRow) -> list:
+    ops = connection.ops
+    return [Task._meta.pk.get_db_prep_value(task_id, connection), row.index, row.name,
+            row.state, None if row.output is None else json.dumps(row.output), row.attempts,
+            row.error[:4000],
+            ops.adapt_datetimefield_value(row.started_at),
+            ops.adapt_datetimefield_value(row.finished_at)]
+
+
+def steps_upsert(task_id, rows: list[StepRow]) -> None:
+    """Upsert the rows, one statement. Only for a caller already holding the
+    fence in this transaction (the task row updated or locked)."""
+    cast = _casts()
+    values = ", ".join([f"({cast})"] * len(rows))
+    sql = f"INSERT INTO {_STEP_TABLE} ({_COLUMNS}) VALUES {values} {_ON_CONFLICT}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [p for row in rows for p in _params(task_id, row)])
+
+
+def _casts() -> str:
+    if connection.vendor == "postgresql":
+        return ("%s::uuid, %s::int, %s::text, %s::text, %s::jsonb, %s::int, %s::text, "
+                "%s::timestamptz, %s::timestamptz")
+    return ", ".join(["%s"] * 9)
+
+
+def steps_write(lease: Lease, rows: list[StepRow], *, states=(TaskState.RUNNING,)) -> None:
+    """Fence, then upsert `rows`; raise LeaseLost/CancelRequested (writing
+    nothing) when the task is no longer ours in `states`."""
+    if connection.vendor != "postgresql":
+        with transaction.atomic(savepoint=False):
+            fence_renew(lease, states=states)
+            steps_upsert(lease.task_id, rows)
+        return
+    cast = _casts()
+    values = ", ".join([f"({cast})"] * len(rows))
+    state_marks = ", ".join(["%s"] * len(states))
+    sql = (f"WITH fence AS (UPDATE {_TASK_TABLE} SET lease_expires_at = %s "
+           f"WHERE id = %s AND lease_token = %s AND state IN ({state_marks}) RETURNING id) "
+           f"INSERT INTO {_STEP_TABLE} ({_COLUMNS}) "
+           f"SELECT v.* FROM (VALUES {values}) AS v({_COLUMNS}) WHERE EXISTS (SELECT FROM fence) "
+           f"{_ON_CONFLICT} RETURNING 1")
+    params = [lease_expiry(), lease.task_id, lease.token, *states,
+              *[p for row in rows for p in _params(lease.task_id, row)]]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        written = cursor.fetchall()
+    if not written:
+        raise_lease_refusal(lease)
+
+
+# --- the rarer writes, in plain ORM transactions ----------------------------------------------
 
 def step_failed(lease: Lease, *, index: int, name: str, error: str,
                 states=(TaskState.RUNNING,)) -> None:
-    with transaction.atomic(savepoint=False):
-        fence_renew(lease, states=states)
-        step_record(lease.task_id, index, name, state=StepState.FAILED, error=error[:4000],
-                finished_at=timezone.now())
+    steps_write(lease, [StepRow(index, name, StepState.FAILED, error=error,
+                                finished_at=timezone.now())], states=states)
 
 
 def step_progress_save(lease: Lease, *, index: int, name: str, progress) -> None:
     """Save a step's in-flight progress (a cursor) for a resumed attempt."""
     with transaction.atomic(savepoint=False):
         fence_renew(lease)
-        step_record(lease.task_id, index, name, progress=progress)
+        StepCheckpoint.objects.filter(task_id=lease.task_id, index=index).update(
+            progress=progress)
 
 
 def step_compensated(lease: Lease, *, index: int, name: str, states) -> None:
     with transaction.atomic(savepoint=False):
         fence_renew(lease, states=states)
-        step_record(lease.task_id, index, name, state=StepState.COMPENSATED,
-                finished_at=timezone.now())
+        StepCheckpoint.objects.filter(task_id=lease.task_id, index=index).update(
+            state=StepState.COMPENSATED, finished_at=timezone.now())
 
 
 def step_compensation_failed(lease: Lease, *, index: int, name: str, error: str,
@@ -82,4 +144,5 @@ def step_compensation_failed(lease: Lease, *, index: int, name: str, error: str,
     the compensation failed, for the operator."""
     with transaction.atomic(savepoint=False):
         fence_renew(lease, states=states)
-        step_record(lease.task_id, index, name, error=f"compensation failed: {error}"[:4000])
+        StepCheckpoint.objects.filter(task_id=lease.task_id, index=index).update(
+            error=f"compensation failed: {error}"[:4000])

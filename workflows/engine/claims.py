@@ -64,7 +64,10 @@ def task_claim(*, task_id, worker: str) -> Claim | None:
                              worker=worker, lease_expires_at=lease_expiry(now), now=now)
         else:
             return None
-        checkpoints = {cp.index: cp for cp in StepCheckpoint.objects.filter(task_id=task.pk)}
+        # A task claimed for the first time has no checkpoints: skip the read.
+        first_run = mode == RUN and task.attempts == 1
+        checkpoints = {} if first_run else {
+            cp.index: cp for cp in StepCheckpoint.objects.filter(task_id=task.pk)}
     lag = (now - enqueued_at).total_seconds() if enqueued_at else None
     emit_on_commit("task_claimed", task_id=str(task.pk), workflow=task.workflow,
                    attempt=task.attempts, mode=mode, queue_lag_seconds=lag, worker=worker,

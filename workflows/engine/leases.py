@@ -46,7 +46,8 @@ def lease_expiry(now=None):
     return (now or timezone.now()) + timedelta(seconds=settings.PILOT_LEASE_SECONDS)
 
 
-def _raise_why_not(lease: Lease) -> None:
+def raise_lease_refusal(lease: Lease) -> None:
+    """A fenced write matched nothing: say why, as the exception the worker acts on."""
     row = Task.objects.filter(pk=lease.task_id).values("state", "lease_token").first()
     if row and row["lease_token"] == lease.token and row["state"] == TaskState.CANCELLING:
         raise CancelRequested(f"task {lease.task_id} is being cancelled")
@@ -64,14 +65,14 @@ def fence_renew(lease: Lease, *, states=(TaskState.RUNNING,)) -> None:
     renewed = Task.objects.filter(pk=lease.task_id, lease_token=lease.token,
                                   state__in=states).update(lease_expires_at=lease_expiry(now))
     if renewed != 1:
-        _raise_why_not(lease)
+        raise_lease_refusal(lease)
 
 
 def fence_check(lease: Lease, *, states=(TaskState.RUNNING,)) -> None:
     """Read-only fence: raise unless the task is still ours and in `states`."""
     if not Task.objects.filter(pk=lease.task_id, lease_token=lease.token,
                                state__in=states).exists():
-        _raise_why_not(lease)
+        raise_lease_refusal(lease)
 
 
 def fence_lock(lease: Lease, *, states=(TaskState.RUNNING,)) -> Task:
@@ -80,5 +81,5 @@ def fence_lock(lease: Lease, *, states=(TaskState.RUNNING,)) -> Task:
     task = (Task.objects.select_for_update()
             .filter(pk=lease.task_id, lease_token=lease.token, state__in=states).first())
     if task is None:
-        _raise_why_not(lease)
+        raise_lease_refusal(lease)
     return task

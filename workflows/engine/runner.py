@@ -19,6 +19,7 @@ from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
+from django_fsm import ConcurrentTransition
 
 from workflows.backoff import backoff_delay
 from workflows.engine import checkpoints, faults
@@ -26,7 +27,7 @@ from workflows.engine.audit import transition_apply
 from workflows.engine.claims import COMPENSATE, Claim, task_claim
 from workflows.engine.compensation import compensate
 from workflows.engine.context import StepContext
-from workflows.engine.leases import fence_lock, worker_id
+from workflows.engine.leases import fence_lock, raise_lease_refusal, worker_id
 from workflows.errors import CancelRequested, LeaseLost, PilotError, WorkflowChanged
 from workflows.observability.events import emit, log_context
 from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, Step, Workflow, registry
@@ -104,8 +105,8 @@ class _Run:
         if not todo:  # crashed after the last checkpoint, before finishing
             return self._succeed(outputs[self.plan[-1].name])
         first = todo[0]
-        checkpoints.step_started(self.lease, index=first, name=self.plan[first].name,
-                                 attempts=self._step_attempts(first) + 1)
+        checkpoints.steps_write(self.lease, [checkpoints.started(
+            first, self.plan[first].name, self._step_attempts(first) + 1, timezone.now())])
         for position, index in enumerate(todo):
             step = self.plan[index]
             self.current = (index, step)
@@ -154,28 +155,38 @@ class _Run:
         except CancelRequested:
             # The body ran and its effects are out there: record it so that the
             # cancel compensates it, then stop.
-            checkpoints.step_succeeded(self.lease, index=index, name=step.name, output=output,
-                                       states=(TaskState.CANCELLING,))
+            checkpoints.steps_write(self.lease, [checkpoints.succeeded(
+                index, step.name, output, timezone.now())], states=(TaskState.CANCELLING,))
             self.current = None
             raise
         return output
 
     def _record(self, index: int, step: Step, output, next_step) -> None:
+        """One step boundary, in the caller's transaction: this step's checkpoint
+        and the next step's start — or, after the last step, the task's success."""
+        now = timezone.now()
+        done = checkpoints.succeeded(index, step.name, output, now)
         if next_step is not None:
-            checkpoints.step_succeeded(self.lease, index=index, name=step.name, output=output,
-                                       next_step=next_step)
+            checkpoints.steps_write(self.lease, [done, checkpoints.started(*next_step, now)])
             return
-        task = fence_lock(self.lease)
-        checkpoints.step_record(task.pk, index, step.name, state=StepState.SUCCEEDED,
-                                output=output, finished_at=timezone.now(), error="")
-        transition_apply(task, "succeed", actor=f"worker:{self.lease.worker}",
-                         result=output, now=timezone.now(), ttl=_ttl(self.workflow))
+        self._transition("succeed", result=output, now=now, ttl=_ttl(self.workflow))
+        checkpoints.steps_upsert(self.task.pk, [done])
+
+    def _transition(self, name: str, **kwargs) -> None:
+        """Apply transition `name` to the task as claimed, saved as a
+        compare-and-set on our lease token and its state (no row read first);
+        LeaseLost/CancelRequested when someone else changed it. Call inside
+        transaction.atomic()."""
+        try:
+            transition_apply(self.task, name, actor=f"worker:{self.lease.worker}",
+                             fence_token=self.lease.token, **kwargs)
+        except ConcurrentTransition:
+            raise_lease_refusal(self.lease)
 
     def _succeed(self, result) -> RunReport:
         with transaction.atomic():
-            task = fence_lock(self.lease)
-            transition_apply(task, "succeed", actor=f"worker:{self.lease.worker}",
-                             result=result, now=timezone.now(), ttl=_ttl(self.workflow))
+            self._transition("succeed", result=result, now=timezone.now(),
+                             ttl=_ttl(self.workflow))
         self.report.outcome = "succeeded"
         return self.report
 
@@ -209,9 +220,7 @@ class _Run:
         if retryable and self.task.attempts < self.task.max_attempts:
             delay = backoff_delay(self.workflow.policy, self.task.attempts)
             with transaction.atomic():
-                task = fence_lock(self.lease)
-                transition_apply(task, "schedule_retry", actor=f"worker:{self.lease.worker}",
-                                 reason=f"{error_type}; retry in {delay:.3f}s",
+                self._transition("schedule_retry", reason=f"{error_type}; retry in {delay:.3f}s",
                                  error=error, error_type=error_type,
                                  next_attempt_at=timezone.now() + timedelta(seconds=delay))
             emit("retry_scheduled", task_id=str(self.task.pk), workflow=self.task.workflow,
@@ -229,9 +238,7 @@ class _Run:
             if problem:
                 error, error_type = f"{error}; then {problem}", "CompensationFailed"
         with transaction.atomic():
-            task = fence_lock(self.lease)
-            transition_apply(task, "fail", actor=f"worker:{self.lease.worker}",
-                             reason=error_type, error=error, error_type=error_type,
+            self._transition("fail", reason=error_type, error=error, error_type=error_type,
                              now=timezone.now(), ttl=_ttl(self.workflow))
         self.report.outcome = "failed"
         return self.report

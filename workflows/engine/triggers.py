@@ -20,10 +20,15 @@ enqueue and N−1 replays. The enqueue is part of the same transaction
 
 A batch is decided as if its items arrived one after another in input order:
 a key repeated within the batch replays (or conflicts with) the first.
+
+On PostgreSQL a single trigger first tries two one-statement shortcuts (a new
+key, a plain replay; trigger_shortcuts.py) and falls back to this general path
+for everything else.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import uuid
@@ -34,8 +39,9 @@ from django.db import OperationalError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from workflows.engine import trigger_shortcuts
 from workflows.engine.audit import actor_for, transition_apply
-from workflows.engine.enqueue import enqueue_on_commit
+from workflows.engine.enqueue import enqueue_on_commit, uses_orm_broker
 from workflows.errors import (
     Conflict,
     IdempotencyKeyMissing,
@@ -134,6 +140,12 @@ def task_trigger_many(*, owner, requests: list[TriggerRequest], source: str = So
             prepared.append(_prepare(index, request))
         except PilotError as exc:
             results[index] = exc
+    if len(prepared) == 1 and trigger_shortcuts.available():
+        outcome = _shortcut(owner, prepared[0], source, trace_id)
+        if outcome is not None:
+            results[prepared[0].index] = outcome
+            _report({0: outcome})
+            return results
     if prepared:
         for attempt in range(3):
             try:
@@ -207,6 +219,22 @@ def _plain(errors):
     return str(errors)
 
 
+def _shortcut(owner, item: _Prepared, source: str, trace_id: str) -> TriggerOutcome | None:
+    """A new key or a plain replay in one statement each (trigger_shortcuts);
+    None when the general path must decide. With the ORM broker the insert and
+    its queue row share a transaction (the outbox); with Redis the insert
+    commits alone and the push follows."""
+    now = timezone.now()
+    task = _new_task(owner, item, source, trace_id, now)
+    with transaction.atomic() if uses_orm_broker() else contextlib.nullcontext():
+        if trigger_shortcuts.task_insert_returning(task):
+            enqueue_on_commit([task.pk])
+            return TriggerOutcome(CREATED, task)
+        replayed = trigger_shortcuts.task_replay_returning(
+            owner_id=owner.pk, key=item.key, fingerprint=item.fingerprint, now=now)
+    return TriggerOutcome(REPLAYED, replayed) if replayed is not None else None
+
+
 def _decide_all(owner, prepared: list[_Prepared], source: str, trace_id: str) -> dict:
     now = timezone.now()
     first_by_key: dict[str, _Prepared] = {}
@@ -236,7 +264,7 @@ def _decide_all(owner, prepared: list[_Prepared], source: str, trace_id: str) ->
             outcomes[item.index] = TriggerOutcome(kind, task)
         _record_replays(replay_counts, rows, now)
         enqueue_on_commit([*created_ids, *(t.pk for t in restarted)])
-    _report(outcomes, created_ids)
+    _report(outcomes)
     return outcomes
 
 
@@ -317,7 +345,7 @@ def _record_replays(replay_counts: dict, rows: dict[str, Task], now) -> None:
                                     for pk, n in replay_counts.items()])
 
 
-def _report(outcomes: dict, created_ids: set) -> None:
+def _report(outcomes: dict) -> None:
     for outcome in outcomes.values():
         if isinstance(outcome, PilotError):
             emit_on_commit("trigger_refused", code=outcome.code)

@@ -131,6 +131,19 @@ class Task(ConcurrentTransitionMixin, models.Model):
     def __str__(self) -> str:
         return f"{self.workflow} {self.idempotency_key} ({self.state})"
 
+    # --- fenced saves ---------------------------------------------------------------------
+
+    # Set by transition_apply(fence_token=...) around one save: the UPDATE then
+    # also requires this lease token, on top of ConcurrentTransitionMixin's
+    # "state unchanged" — a compare-and-set that replaces a SELECT … FOR UPDATE
+    # on the worker's hot path.
+    _fence_token: int | None = None
+
+    def _do_update(self, base_qs, *args, **kwargs):
+        if self._fence_token is not None:
+            base_qs = base_qs.filter(lease_token=self._fence_token)
+        return super()._do_update(base_qs, *args, **kwargs)
+
     # --- derived --------------------------------------------------------------------
 
     @property
