@@ -52,9 +52,9 @@ def violations(observed: Observed | None = None, *, require_terminal: bool = Tru
              .filter(n__gt=1))
     found += [f"{d['n']} tasks for ({d['owner_id']}, {d['idempotency_key']!r})" for d in dupes]
 
-    ids = set(tasks.values_list("pk", flat=True))
+    ids = {str(pk) for pk in tasks.values_list("pk", flat=True)}
     for (_owner_id, key), task_id in observed.acknowledged.items():
-        if task_id not in ids and str(task_id) not in {str(i) for i in ids}:
+        if str(task_id) not in ids:
             found.append(f"acknowledged task {task_id} for key {key!r} is missing")
 
     if require_terminal:
