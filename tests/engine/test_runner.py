@@ -219,8 +219,8 @@ def test_a_checkpoint_under_another_name_stops_the_run(start, counted):
     # An earlier attempt, under an older version of the workflow, checkpointed a
     # step of another name at index 0, then its worker died.
     assert task_claim(task_id=task.pk, worker="old-version") is not None
-    StepCheckpoint.objects.create(task_id=task.pk, index=0, name="renamed", state="succeeded",
-                                  output={"a": 1})
+    StepCheckpoint.objects.update_or_create(task_id=task.pk, index=0, defaults={
+        "name": "renamed", "state": "succeeded", "output": {"a": 1}})
     expire_lease(task.pk)
     dispatch_once()
     Task.objects.filter(pk=task.pk).update(next_attempt_at=timezone.now())

@@ -29,11 +29,11 @@ from workflows.states import StepState, TaskState
 
 _STEP_TABLE = StepCheckpoint._meta.db_table
 _TASK_TABLE = Task._meta.db_table
-_COLUMNS = '"task_id", "index", "name", "state", "output", "attempts", "error", ' \
-           '"started_at", "finished_at"'
+COLUMNS = '"task_id", "index", "name", "state", "output", "attempts", "error", ' \
+          '"started_at", "finished_at"'
 # A re-written row keeps what the writer does not know: its first start time and
 # its highest attempt count; `progress` is never touched here.
-_ON_CONFLICT = f"""
+ON_CONFLICT = f"""
 ON CONFLICT ("task_id", "index") DO UPDATE SET
     "name" = excluded."name", "state" = excluded."state", "output" = excluded."output",
     "attempts" = CASE WHEN excluded."attempts" > {_STEP_TABLE}."attempts"
@@ -73,14 +73,23 @@ def _params(task_id, row: StepRow) -> list:
             ops.adapt_datetimefield_value(row.finished_at)]
 
 
+def upsert_prefix() -> str:
+    return f"INSERT INTO {_STEP_TABLE} ({COLUMNS})"
+
+
+def upsert_values(task_id, rows: list[StepRow]) -> tuple[str, list]:
+    """The VALUES rows (typed) and their parameters, for an upsert statement."""
+    cast = _casts()
+    return (", ".join([f"({cast})"] * len(rows)),
+            [p for row in rows for p in _params(task_id, row)])
+
+
 def steps_upsert(task_id, rows: list[StepRow]) -> None:
     """Upsert the rows, one statement. Only for a caller already holding the
     fence in this transaction (the task row updated or locked)."""
-    cast = _casts()
-    values = ", ".join([f"({cast})"] * len(rows))
-    sql = f"INSERT INTO {_STEP_TABLE} ({_COLUMNS}) VALUES {values} {_ON_CONFLICT}"
+    values, params = upsert_values(task_id, rows)
     with connection.cursor() as cursor:
-        cursor.execute(sql, [p for row in rows for p in _params(task_id, row)])
+        cursor.execute(f"{upsert_prefix()} VALUES {values} {ON_CONFLICT}", params)
 
 
 def _casts() -> str:
@@ -98,16 +107,14 @@ def steps_write(lease: Lease, rows: list[StepRow], *, states=(TaskState.RUNNING,
             fence_renew(lease, states=states)
             steps_upsert(lease.task_id, rows)
         return
-    cast = _casts()
-    values = ", ".join([f"({cast})"] * len(rows))
+    values, step_params = upsert_values(lease.task_id, rows)
     state_marks = ", ".join(["%s"] * len(states))
     sql = (f"WITH fence AS (UPDATE {_TASK_TABLE} SET lease_expires_at = %s "
            f"WHERE id = %s AND lease_token = %s AND state IN ({state_marks}) RETURNING id) "
-           f"INSERT INTO {_STEP_TABLE} ({_COLUMNS}) "
-           f"SELECT v.* FROM (VALUES {values}) AS v({_COLUMNS}) WHERE EXISTS (SELECT FROM fence) "
-           f"{_ON_CONFLICT} RETURNING 1")
-    params = [lease_expiry(), lease.task_id, lease.token, *states,
-              *[p for row in rows for p in _params(lease.task_id, row)]]
+           f"{upsert_prefix()} "
+           f"SELECT v.* FROM (VALUES {values}) AS v({COLUMNS}) WHERE EXISTS (SELECT FROM fence) "
+           f"{ON_CONFLICT} RETURNING 1")
+    params = [lease_expiry(), lease.task_id, lease.token, *states, *step_params]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         written = cursor.fetchall()

@@ -105,8 +105,9 @@ class _Run:
         if not todo:  # crashed after the last checkpoint, before finishing
             return self._succeed(outputs[self.plan[-1].name])
         first = todo[0]
-        checkpoints.steps_write(self.lease, [checkpoints.started(
-            first, self.plan[first].name, self._step_attempts(first) + 1, timezone.now())])
+        if self.claim.started != first:  # the claim marks it running in the common case
+            checkpoints.steps_write(self.lease, [checkpoints.started(
+                first, self.plan[first].name, self._step_attempts(first) + 1, timezone.now())])
         for position, index in enumerate(todo):
             step = self.plan[index]
             self.current = (index, step)
@@ -132,8 +133,9 @@ class _Run:
         raise AssertionError("unreachable: the last step returns")
 
     def _run_one(self, index: int, step: Step, outputs: dict, following: int | None):
-        """Run one step body and record it; for the last step, finish the task in
-        the same transaction as its checkpoint."""
+        """Run one step body and record it (for the last step: with the task's
+        success). An atomic step's body and record share its transaction; a
+        plain step's record is a write of its own."""
         ctx = StepContext(lease=self.lease, workflow=self.task.workflow,
                           payload=self.task.payload, outputs=dict(outputs),
                           attempt=self.task.attempts, step_index=index, step_name=step.name,
@@ -150,8 +152,7 @@ class _Run:
         output = step.func(ctx)
         faults.fault_point("after_step_body")
         try:
-            with transaction.atomic():
-                self._record(index, step, output, next_step)
+            self._record(index, step, output, next_step)
         except CancelRequested:
             # The body ran and its effects are out there: record it so that the
             # cancel compensates it, then stop.
@@ -162,21 +163,21 @@ class _Run:
         return output
 
     def _record(self, index: int, step: Step, output, next_step) -> None:
-        """One step boundary, in the caller's transaction: this step's checkpoint
-        and the next step's start — or, after the last step, the task's success."""
+        """One step boundary, all or nothing: this step's checkpoint and the next
+        step's start — or, after the last step, the checkpoint with the task's
+        success (one statement each on PostgreSQL)."""
         now = timezone.now()
         done = checkpoints.succeeded(index, step.name, output, now)
         if next_step is not None:
             checkpoints.steps_write(self.lease, [done, checkpoints.started(*next_step, now)])
             return
-        self._transition("succeed", result=output, now=now, ttl=_ttl(self.workflow))
-        checkpoints.steps_upsert(self.task.pk, [done])
+        self._transition("succeed", result=output, now=now, ttl=_ttl(self.workflow),
+                         steps=[done])
 
     def _transition(self, name: str, **kwargs) -> None:
         """Apply transition `name` to the task as claimed, saved as a
         compare-and-set on our lease token and its state (no row read first);
-        LeaseLost/CancelRequested when someone else changed it. Call inside
-        transaction.atomic()."""
+        LeaseLost/CancelRequested when someone else changed it."""
         try:
             transition_apply(self.task, name, actor=f"worker:{self.lease.worker}",
                              fence_token=self.lease.token, **kwargs)
@@ -184,9 +185,7 @@ class _Run:
             raise_lease_refusal(self.lease)
 
     def _succeed(self, result) -> RunReport:
-        with transaction.atomic():
-            self._transition("succeed", result=result, now=timezone.now(),
-                             ttl=_ttl(self.workflow))
+        self._transition("succeed", result=result, now=timezone.now(), ttl=_ttl(self.workflow))
         self.report.outcome = "succeeded"
         return self.report
 
@@ -215,19 +214,20 @@ class _Run:
 
     def _attempt_failed(self, index: int, step: Step, exc: Exception) -> RunReport:
         error, error_type = _describe(exc)
-        checkpoints.step_failed(self.lease, index=index, name=step.name, error=error)
+        failed = checkpoints.StepRow(index, step.name, StepState.FAILED, error=error,
+                                     finished_at=timezone.now())
         retryable = self.workflow.is_retryable(exc) and not isinstance(exc, WorkflowChanged)
         if retryable and self.task.attempts < self.task.max_attempts:
             delay = backoff_delay(self.workflow.policy, self.task.attempts)
-            with transaction.atomic():
-                self._transition("schedule_retry", reason=f"{error_type}; retry in {delay:.3f}s",
-                                 error=error, error_type=error_type,
-                                 next_attempt_at=timezone.now() + timedelta(seconds=delay))
+            self._transition("schedule_retry", reason=f"{error_type}; retry in {delay:.3f}s",
+                             error=error, error_type=error_type, steps=[failed],
+                             next_attempt_at=timezone.now() + timedelta(seconds=delay))
             emit("retry_scheduled", task_id=str(self.task.pk), workflow=self.task.workflow,
                  attempt=self.task.attempts, delay_seconds=round(delay, 3),
                  error_type=error_type)
             self.report.outcome = "retrying"
             return self.report
+        checkpoints.steps_write(self.lease, [failed])
         if retryable:
             error = f"attempts exhausted ({self.task.attempts}); last error: {error}"
         return self._fail(error, error_type, compensate_first=True)
@@ -237,9 +237,8 @@ class _Run:
             problem = compensate(self.lease, self.task, self.plan, states=(TaskState.RUNNING,))
             if problem:
                 error, error_type = f"{error}; then {problem}", "CompensationFailed"
-        with transaction.atomic():
-            self._transition("fail", reason=error_type, error=error, error_type=error_type,
-                             now=timezone.now(), ttl=_ttl(self.workflow))
+        self._transition("fail", reason=error_type, error=error, error_type=error_type,
+                         now=timezone.now(), ttl=_ttl(self.workflow))
         self.report.outcome = "failed"
         return self.report
 
