@@ -122,17 +122,21 @@ class Bench:
                                             name=f"scaling-{w}-workers") for w in (1, 2, 4)]
         self.results["paced"] = [self.e2e(system, broker, p.paced_runs, pace=p.pace,
                                           name=f"lag-paced-{system}-{broker}")
-                                 for system in ("pilot", "raw") for broker in ("orm", "redis")]
+                                 for system in ("pilot", "rawdefault")
+                                 for broker in ("orm", "redis")]
         self.profile()
         self.end_to_end()
 
     def e2e(self, system: str, broker: str | None, runs: int, *, workers: int = 2,
             pace: float = 0.0, name: str, extra: tuple = ()) -> dict | None:
-        if system in ("pilot", "raw"):
+        if system in ("pilot", "raw", "rawdefault"):
             args = ["--system", system, "--runs", runs, "--workers", workers, *extra]
             if pace:
                 args += ["--pace", pace]
-            return self.workload(name, "bench.workloads.e2e", *args, env=pilot_env(broker))
+            env = pilot_env(broker)
+            if system == "rawdefault":
+                env["DJANGO_SETTINGS_MODULE"] = "bench.settings_qdefaults"
+            return self.workload(name, "bench.workloads.e2e", *args, env=env)
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
         return self.workload(name, f"bench.peers.{system}_bench", "--runs", runs,
                              "--workers", workers, env=env, python=BENCH_PY)

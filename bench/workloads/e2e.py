@@ -44,7 +44,7 @@ RUN_TIMEOUT = 600
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--system", choices=["pilot", "raw"], required=True)
+    parser.add_argument("--system", choices=["pilot", "raw", "rawdefault"], required=True)
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--pace", type=float, default=0.0)

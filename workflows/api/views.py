@@ -14,6 +14,7 @@ from workflows.api import schema as docs
 from workflows.api.pagination import TaskCursorPagination
 from workflows.api.permissions import CanTrigger
 from workflows.api.problems import pilot_error_dict
+from workflows.api.representation import task_data
 from workflows.api.serializers import (
     BatchItemSerializer,
     BatchSerializer,
@@ -56,12 +57,11 @@ def _key_from(request, body_key):
 
 def _trigger_response(outcome) -> Response:
     task = outcome.task
-    if outcome.outcome == "created":
-        task._prefetched_objects_cache = {"steps": []}  # a new task has no steps yet
+    steps = [] if outcome.outcome == "created" else None  # a new task has no steps yet
     headers = {"Idempotent-Replayed": "true" if outcome.replayed else "false"}
     if outcome.http_status == status.HTTP_202_ACCEPTED:
         headers["Location"] = f"/api/v1/tasks/{task.pk}"
-    return Response(TaskSerializer(task).data, status=outcome.http_status, headers=headers)
+    return Response(task_data(task, steps), status=outcome.http_status, headers=headers)
 
 
 def _validated(serializer_class, data, what: str = "The request body"):
@@ -95,7 +95,7 @@ class TaskCollectionView(APIView):
         tasks = tasks_filtered_for(request.user, request.query_params)
         paginator = TaskCursorPagination()
         page = paginator.paginate_queryset(_with_steps(tasks), request, view=self)
-        return paginator.get_paginated_response(TaskSerializer(page, many=True).data)
+        return paginator.get_paginated_response([task_data(task) for task in page])
 
     @extend_schema(operation_id="tasks_trigger", request=docs.TRIGGER_REQUEST,
                    parameters=[docs.IDEMPOTENCY_KEY, *docs.TRIGGER_RESPONSE_HEADERS],
@@ -139,9 +139,8 @@ class TaskBatchView(APIView):
                     results[index] = pilot_error_dict(outcome)
                     continue
                 task = outcome.task
-                task._prefetched_objects_cache = {"steps": steps.get(task.pk, [])}
                 results[index] = {"status": outcome.http_status, "replayed": outcome.replayed,
-                                  "task": TaskSerializer(task).data}
+                                  "task": task_data(task, steps.get(task.pk, []))}
         return Response({"results": [_batch_item(r) for r in results]})
 
 
@@ -176,8 +175,7 @@ class TaskDetailView(APIView):
                                                          **docs.errors(401, 404)})
     def get(self, request, task_id):
         task = task_get_for(request.user, task_id)
-        return Response(TaskSerializer(_with_steps(type(task).objects.filter(pk=task.pk))
-                                       .get()).data)
+        return Response(task_data(task))
 
 
 class TaskCancelView(APIView):
@@ -188,7 +186,7 @@ class TaskCancelView(APIView):
         data = _validated(CancelSerializer, request.data or {})
         task = task_cancel(task_id=task_get_for(request.user, task_id).pk, user=request.user,
                            reason=data["reason"] or "cancelled through the API")
-        return Response(TaskSerializer(task).data)
+        return Response(task_data(task))
 
 
 class TaskRetryView(APIView):
@@ -199,7 +197,7 @@ class TaskRetryView(APIView):
         data = _validated(RetrySerializer, request.data or {})
         task = task_retry(task_id=task_get_for(request.user, task_id).pk, user=request.user,
                           from_start=data["from_start"])
-        return Response(TaskSerializer(task).data, status=status.HTTP_202_ACCEPTED)
+        return Response(task_data(task), status=status.HTTP_202_ACCEPTED)
 
 
 class WorkflowListView(APIView):

@@ -23,7 +23,13 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
-from workflows.engine.leases import Lease, fence_renew, lease_expiry, raise_lease_refusal
+from workflows.engine.leases import (
+    Lease,
+    fence_lock,
+    fence_renew,
+    lease_expiry,
+    raise_lease_refusal,
+)
 from workflows.models import StepCheckpoint, Task
 from workflows.states import StepState, TaskState
 
@@ -101,25 +107,38 @@ def _casts() -> str:
 
 def steps_write(lease: Lease, rows: list[StepRow], *, states=(TaskState.RUNNING,)) -> None:
     """Fence, then upsert `rows`; raise LeaseLost/CancelRequested (writing
-    nothing) when the task is no longer ours in `states`."""
+    nothing) when the task is no longer ours in `states`. The fence extends the
+    lease when it is due (lease.clock); otherwise it only holds the task row
+    (FOR SHARE: a cancel waits until this write committed) without rewriting it."""
+    renew = lease.clock.due()
     if connection.vendor != "postgresql":
         with transaction.atomic(savepoint=False):
-            fence_renew(lease, states=states)
+            if renew:
+                fence_renew(lease, states=states)
+            else:
+                fence_lock(lease, states=states)
             steps_upsert(lease.task_id, rows)
         return
     values, step_params = upsert_values(lease.task_id, rows)
     state_marks = ", ".join(["%s"] * len(states))
-    sql = (f"WITH fence AS (UPDATE {_TASK_TABLE} SET lease_expires_at = %s "
-           f"WHERE id = %s AND lease_token = %s AND state IN ({state_marks}) RETURNING id) "
-           f"{upsert_prefix()} "
+    if renew:
+        fence = (f"UPDATE {_TASK_TABLE} SET lease_expires_at = %s WHERE id = %s "
+                 f"AND lease_token = %s AND state IN ({state_marks}) RETURNING id")
+        params = [lease_expiry(), lease.task_id, lease.token, *states]
+    else:
+        fence = (f"SELECT id FROM {_TASK_TABLE} WHERE id = %s AND lease_token = %s "
+                 f"AND state IN ({state_marks}) FOR SHARE")
+        params = [lease.task_id, lease.token, *states]
+    sql = (f"WITH fence AS ({fence}) {upsert_prefix()} "
            f"SELECT v.* FROM (VALUES {values}) AS v({COLUMNS}) WHERE EXISTS (SELECT FROM fence) "
            f"{ON_CONFLICT} RETURNING 1")
-    params = [lease_expiry(), lease.task_id, lease.token, *states, *step_params]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, [*params, *step_params])
         written = cursor.fetchall()
     if not written:
         raise_lease_refusal(lease)
+    if renew:
+        lease.clock.mark()
 
 
 # --- the rarer writes, in plain ORM transactions ----------------------------------------------

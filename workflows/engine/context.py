@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 
 from django.conf import settings
+from django.db import transaction
 
 from workflows.engine import checkpoints, faults
 from workflows.engine.leases import Lease, fence_check, fence_renew
@@ -40,7 +41,7 @@ class StepContext:
         self._lease = lease
         self._atomic = atomic
         self._fence_states = fence_states
-        self._last_beat = time.monotonic()
+        self._last_check = time.monotonic()
 
     @property
     def step_key(self) -> str:
@@ -52,15 +53,14 @@ class StepContext:
         Inside an atomic step the lease cannot be renewed (the write would only
         commit with the step); the fence is still checked, so a cancel or a lost
         lease stops the step and rolls its writes back."""
-        now = time.monotonic()
-        if not force and now - self._last_beat < settings.PILOT_HEARTBEAT_SECONDS:
-            return
-        self._last_beat = now
         if self._atomic:
-            fence_check(self._lease, states=self._fence_states)
+            now = time.monotonic()
+            if force or now - self._last_check >= settings.PILOT_HEARTBEAT_SECONDS:
+                self._last_check = now
+                fence_check(self._lease, states=self._fence_states)
             return
-        from django.db import transaction
-
+        if not force and not self._lease.clock.due():
+            return
         with transaction.atomic():
             fence_renew(self._lease, states=self._fence_states)
             faults.fault_point("during_lease_renewal")
@@ -82,4 +82,3 @@ class StepContext:
         checkpoints.step_progress_save(self._lease, index=self.step_index, name=self.step_name,
                                        progress=progress)
         self.progress = progress
-        self._last_beat = time.monotonic()

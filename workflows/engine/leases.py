@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -31,11 +32,29 @@ from workflows.models import Task
 from workflows.states import TaskState
 
 
+class LeaseClock:
+    """When this worker last extended its lease (monotonic time). Writes that
+    pass the fence extend the lease only once it is due (every
+    PILOT_HEARTBEAT_SECONDS), so a run of short steps does not rewrite the task
+    row at every boundary."""
+
+    def __init__(self):
+        self.renewed = time.monotonic()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.renewed >= settings.PILOT_HEARTBEAT_SECONDS
+
+    def mark(self) -> None:
+        self.renewed = time.monotonic()
+
+
 @dataclasses.dataclass(frozen=True)
 class Lease:
     task_id: object
     token: int
     worker: str
+    clock: LeaseClock = dataclasses.field(default_factory=LeaseClock, compare=False,
+                                          repr=False)
 
 
 def worker_id() -> str:
@@ -66,6 +85,7 @@ def fence_renew(lease: Lease, *, states=(TaskState.RUNNING,)) -> None:
                                   state__in=states).update(lease_expires_at=lease_expiry(now))
     if renewed != 1:
         raise_lease_refusal(lease)
+    lease.clock.mark()
 
 
 def fence_check(lease: Lease, *, states=(TaskState.RUNNING,)) -> None:

@@ -113,8 +113,10 @@ class _Run:
             self.current = (index, step)
             following = todo[position + 1] if position + 1 < len(todo) else None
             started = time.monotonic()
-            emit("step_started", task_id=str(self.task.pk), workflow=self.task.workflow,
-                 step=step.name, attempt=self.task.attempts)
+            # DEBUG: step_finished (with its duration) says the same at INFO; a
+            # running step is visible in the admin and by its heartbeats.
+            emit("step_started", level=logging.DEBUG, task_id=str(self.task.pk),
+                 workflow=self.task.workflow, step=step.name, attempt=self.task.attempts)
             try:
                 output = self._run_one(index, step, outputs, following)
             except Exception as exc:  # noqa: BLE001 - the step's failure, classified below

@@ -220,19 +220,21 @@ def _plain(errors):
 
 
 def _shortcut(owner, item: _Prepared, source: str, trace_id: str) -> TriggerOutcome | None:
-    """A new key or a plain replay in one statement each (trigger_shortcuts);
-    None when the general path must decide. With the ORM broker the insert and
-    its queue row share a transaction (the outbox); with Redis the insert
+    """A new key or a plain replay in one statement (trigger_shortcuts); None
+    when the general path must decide. With the ORM broker the insert and its
+    queue row share a transaction (the outbox); with Redis the statement
     commits alone and the push follows."""
     now = timezone.now()
     task = _new_task(owner, item, source, trace_id, now)
     with transaction.atomic() if uses_orm_broker() else contextlib.nullcontext():
-        if trigger_shortcuts.task_insert_returning(task):
+        decided = trigger_shortcuts.task_create_or_replay(task, now=now)
+        if decided is None:
+            return None
+        kind, task = decided
+        if kind == trigger_shortcuts.CREATED:
             enqueue_on_commit([task.pk])
             return TriggerOutcome(CREATED, task)
-        replayed = trigger_shortcuts.task_replay_returning(
-            owner_id=owner.pk, key=item.key, fingerprint=item.fingerprint, now=now)
-    return TriggerOutcome(REPLAYED, replayed) if replayed is not None else None
+    return TriggerOutcome(REPLAYED, task)
 
 
 def _decide_all(owner, prepared: list[_Prepared], source: str, trace_id: str) -> dict:
