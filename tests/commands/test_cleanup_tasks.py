@@ -195,3 +195,13 @@ def test_triggers_for_expired_keys_during_cleanups_all_create_fresh_tasks(owner)
     assert Task.objects.count() == 300
     assert set(Task.objects.values_list("state", flat=True)) == {S.PENDING}
     assert TaskReplay.objects.count() == 0
+
+
+def test_the_yield_ratio_is_validated_and_still_deletes_everything(owner):
+    with pytest.raises(CommandError, match="yield-ratio"):
+        call_command("cleanup_tasks", "--yield-ratio", "-1")
+    for i in range(5):
+        make_task(owner, state=S.SUCCEEDED, key=f"y{i}")
+    call_command("cleanup_tasks", "--older-than", "0s", "--batch-size", "2",
+                 "--yield-ratio", "0.5")
+    assert Task.objects.count() == 0

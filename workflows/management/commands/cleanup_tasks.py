@@ -1,7 +1,13 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from workflows.durations import duration_parse
-from workflows.engine.cleanup import DEFAULT_BATCH, MAX_BATCH, q_results_prune, tasks_cleanup
+from workflows.engine.cleanup import (
+    DEFAULT_BATCH,
+    DEFAULT_YIELD,
+    MAX_BATCH,
+    q_results_prune,
+    tasks_cleanup,
+)
 from workflows.registry import registry
 
 
@@ -30,14 +36,20 @@ class Command(BaseCommand):
                                  "longer ago than DURATION (0s, 15m, 12h, 7d, 2w)")
         parser.add_argument("--workflow", metavar="NAME",
                             help="only tasks of this workflow")
+        parser.add_argument("--yield-ratio", type=float, default=DEFAULT_YIELD, metavar="R",
+                            help="after each batch, pause R times as long as the batch took, "
+                                 "leaving the database to the triggers (default "
+                                 f"{DEFAULT_YIELD}; 0: as fast as possible)")
         parser.add_argument("--q-results-older-than", metavar="DURATION", default="7d",
                             help="prune django-q2 success/failure rows older than this "
                                  "(default 7d)")
 
     def handle(self, *args, dry_run, batch_size, older_than, workflow, q_results_older_than,
-               **options):
+               yield_ratio, **options):
         if not 1 <= batch_size <= MAX_BATCH:
             raise CommandError(f"--batch-size must be between 1 and {MAX_BATCH}")
+        if not 0 <= yield_ratio <= 100:
+            raise CommandError("--yield-ratio must be between 0 and 100")
         age = _duration(older_than) if older_than is not None else None
         q_age = _duration(q_results_older_than)
         if workflow and registry.find(workflow) is None:
@@ -55,7 +67,7 @@ class Command(BaseCommand):
                                   f"({rate:.0f}/s)")
 
         report = tasks_cleanup(older_than=age, workflow=workflow, batch_size=batch_size,
-                               dry_run=dry_run, progress=progress)
+                               dry_run=dry_run, progress=progress, yield_ratio=yield_ratio)
         q_results = q_results_prune(older_than=q_age, batch_size=batch_size, dry_run=dry_run)
         verb = "would delete" if dry_run else "deleted"
         self.stdout.write(
