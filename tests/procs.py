@@ -147,7 +147,7 @@ class Fleet:
         wait_until(lambda: _answers(f"{url}/healthz"), 30, what="gunicorn to start")
         return proc, url
 
-    def stop_all(self, timeout: float = 10) -> None:
+    def stop_all(self, timeout: float = 3) -> None:
         """SIGTERM every process group at once, give them `timeout` seconds
         together to stop cleanly, then SIGKILL what is left."""
         live = [p for p in self.procs if p.alive]
