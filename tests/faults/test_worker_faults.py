@@ -36,15 +36,16 @@ def finished(ids):
 
 
 def mixed_requests(n: int) -> list[TriggerRequest]:
+    """Half of the runs take ~0.6-0.9 s, so the kills land in the middle of work."""
     requests = []
     for i in range(n):
         kind = i % 4
         key = f"mix-{i}-{uuid.uuid4().hex[:6]}"
         if kind == 0:
             requests.append(TriggerRequest("demo.sync_orders", {
-                "batch": key, "count": 50, "step_seconds": 0.05}, key))
+                "batch": key, "count": 50, "step_seconds": 0.2}, key))
         elif kind == 1:
-            requests.append(TriggerRequest("demo.slow", {"steps": 3, "seconds": 0.1}, key))
+            requests.append(TriggerRequest("demo.slow", {"steps": 3, "seconds": 0.3}, key))
         elif kind == 2:
             requests.append(TriggerRequest("demo.flaky", {"fail_times": 1}, key))
         else:

@@ -15,6 +15,9 @@ number of machines can run at once without doing anything twice:
 4. re-enqueue `pending` tasks left unclaimed for PILOT_REENQUEUE_SECONDS (their
    message may be lost; if it was only slow, the duplicate is a no-op).
 
+Its messages go to the front of a Redis queue: work already under way should
+not wait behind a backlog of new triggers.
+
 `enqueued_at` is when the task's outstanding message was sent, NULL when none
 is outstanding (a claim consumes it; schedule_retry and recover clear it), so
 "needs a message" is `enqueued_at IS NULL OR enqueued_at < now - 10 s` for
@@ -136,7 +139,7 @@ def _enqueue_due_retries(now, batch, report) -> None:
         ids = [t.pk for t in _locked(due.only("pk"), batch, report)]
         if ids:
             Task.objects.filter(pk__in=ids).update(enqueued_at=now)
-            enqueue_on_commit(ids)
+            enqueue_on_commit(ids, front=True)
     report.retries_enqueued += len(ids)
 
 
@@ -160,7 +163,7 @@ def _settle_orphaned_cancels(now, batch, actor, report) -> None:
             report.cancels_finished += 1
         if to_enqueue:
             Task.objects.filter(pk__in=to_enqueue).update(enqueued_at=now)
-            enqueue_on_commit(to_enqueue)
+            enqueue_on_commit(to_enqueue, front=True)
     report.cancels_enqueued += len(to_enqueue)
 
 
@@ -170,5 +173,5 @@ def _reenqueue_lost(now, batch, report) -> None:
                                      batch, report)]
         if ids:
             Task.objects.filter(pk__in=ids).update(enqueued_at=now)
-            enqueue_on_commit(ids)
+            enqueue_on_commit(ids, front=True)
     report.reenqueued += len(ids)

@@ -59,8 +59,11 @@ def _package(task_id: str) -> str:
     })
 
 
-def enqueue_rollback_unsafe(task_ids: Iterable) -> int:
-    """Push one message per task now. Returns how many were pushed."""
+def enqueue_rollback_unsafe(task_ids: Iterable, *, front: bool = False) -> int:
+    """Push one message per task now. Returns how many were pushed. `front`
+    puts them ahead of the waiting messages where the broker can (Redis):
+    for work already under way — due retries, recovered and orphaned tasks —
+    which should not wait behind a backlog of new triggers."""
     packages = [_package(str(task_id)) for task_id in task_ids]
     if not packages:
         return 0
@@ -69,29 +72,32 @@ def enqueue_rollback_unsafe(task_ids: Iterable) -> int:
         now = timezone.now()
         OrmQ.objects.using(Conf.ORM).bulk_create(
             [OrmQ(key=b.list_key, payload=p, lock=now) for p in packages])
+    elif front:
+        b.connection.lpush(b.list_key, *packages)  # django-q2's pusher pops from the left
     else:
         b.connection.rpush(b.list_key, *packages)
     return len(packages)
 
 
-def enqueue_on_commit(task_ids: Iterable) -> None:
+def enqueue_on_commit(task_ids: Iterable, *, front: bool = False) -> None:
     """Enqueue the tasks so that the message exists iff the caller's transaction
-    commits (ORM broker) or is pushed right after it commits (Redis)."""
+    commits (ORM broker) or is pushed right after it commits (Redis); `front`
+    as in enqueue_rollback_unsafe."""
     ids = [str(task_id) for task_id in task_ids]
     if not ids:
         return
     if uses_orm_broker():
         enqueue_rollback_unsafe(ids)  # same database: part of the caller's transaction
     else:
-        transaction.on_commit(lambda: _push_after_commit(ids))
+        transaction.on_commit(lambda: _push_after_commit(ids, front))
 
 
-def _push_after_commit(ids: list[str]) -> None:
+def _push_after_commit(ids: list[str], front: bool) -> None:
     """The committed tasks exist whatever happens here; if the broker is down,
     say so and let the dispatcher enqueue them again after
     PILOT_REENQUEUE_SECONDS instead of failing a request that succeeded."""
     try:
-        enqueue_rollback_unsafe(ids)
+        enqueue_rollback_unsafe(ids, front=front)
     except Exception as exc:  # noqa: BLE001 - any broker failure; the dispatcher covers it
         emit("enqueue_failed", level=logging.WARNING, count=len(ids),
              error=f"{type(exc).__name__}: {exc}"[:300])
