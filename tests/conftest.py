@@ -12,6 +12,7 @@ import os
 
 import pytest
 from django.conf import settings
+from django.db import connections
 
 
 def _on_postgres() -> bool:
@@ -86,3 +87,33 @@ def temp_workflow():
     yield define
     for name in names:
         registry.unregister(name)
+
+
+# A real browser: Debian's chromium driven by Playwright (its own browser
+# download does not work here; `make test` installs chromium).
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture
+def page(monkeypatch):
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop running on this thread; the ORM
+    # calls a test makes between browser steps are still plain synchronous ones.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from tests.procs import ARTIFACTS
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                             args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_default_timeout(20_000)
+        yield page
+        browser.close()
+        # While Playwright's loop runs, Django keeps the test's ORM connection in
+        # a separate (async-context) slot; close it here, or it outlives the test
+        # and blocks dropping the test database.
+        connections.close_all()

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from django.contrib.auth.models import Permission
-from django.db import connection, connections
+from django.db import connection
 
 from tests.admin.conftest import operators_group
 from tests.procs import ARTIFACTS, Fleet, wait_until
@@ -22,9 +22,6 @@ from workflows.states import TaskState as S
 pytestmark = [pytest.mark.postgres, pytest.mark.slow,
               pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 PASSWORD = "browser-test-pw-1"
 
 
@@ -46,27 +43,6 @@ def fleet():
     # A killed process's server session ends a moment after it; wait for that so
     # the test database can be dropped when this test runs last.
     wait_until(lambda: other_sessions() == 0, 10, what="worker sessions to close")
-
-
-@pytest.fixture
-def page(monkeypatch):
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an event loop running on this thread; the ORM
-    # calls this test makes between browser steps are still plain synchronous ones.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                             args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(20_000)
-        yield page
-        browser.close()
-        # While Playwright's loop runs, Django keeps this test's ORM connection in
-        # a separate (async-context) slot; close it here, or it outlives the test
-        # and blocks dropping the test database.
-        connections.close_all()
 
 
 @pytest.fixture

@@ -60,8 +60,10 @@ def test_restarts_under_load_answer_only_503_and_lose_nothing(stack):
     lock = threading.Lock()
 
     def client(n: int):
+        # Paced and bounded (a few hundred tasks in all): enough to be mid-flight
+        # through both restarts, few enough for the workers to finish promptly.
         i = 0
-        while not stop.is_set():
+        while not stop.is_set() and i < 150:
             key = f"c{n}-{i}"
             body = {"workflow": "demo.sync_orders",
                     "payload": {"batch": key, "count": 20, "step_seconds": 0.02}}
@@ -82,6 +84,7 @@ def test_restarts_under_load_answer_only_503_and_lose_nothing(stack):
                     break
                 time.sleep(0.2)
             i += 1
+            time.sleep(0.08)
 
     threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
     for t in threads:
