@@ -243,6 +243,9 @@ PILOT_DISPATCHER_POLL_SECONDS = env_float("PILOT_DISPATCHER_POLL_SECONDS", 1.0, 
 # A pending task unclaimed this long is enqueued again (its message may be lost).
 PILOT_REENQUEUE_SECONDS = env_float("PILOT_REENQUEUE_SECONDS", 10.0, minimum=0.5)
 PILOT_Q_WORKERS = env_int("PILOT_Q_WORKERS", 2, minimum=1)
+# The demo.* workflows (docs/design.md, "Demo workflows"): for trying PILOT out and
+# for its tests; `make run` and the test settings turn them on. Off in production.
+PILOT_DEMO_WORKFLOWS = env_bool("PILOT_DEMO_WORKFLOWS", False)
 PILOT_MAX_PAYLOAD_BYTES = env_int("PILOT_MAX_PAYLOAD_BYTES", 262144, minimum=2)
 PILOT_TRIGGER_RATE = env_str("PILOT_TRIGGER_RATE", "6000/min")
 if not re.fullmatch(r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)", PILOT_TRIGGER_RATE):

@@ -8,7 +8,7 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from workflows.engine.audit import transition_apply
+from workflows.engine.store import store
 from workflows.fingerprint import fingerprint
 from workflows.models import Task
 from workflows.states import TaskState as S
@@ -23,6 +23,7 @@ PATHS = {
     S.SUCCEEDED: ["claim", "succeed"],
     S.FAILED: ["claim", "fail"],
     S.CANCELLING: ["claim", "cancel"],
+    S.COMPENSATING: ["claim", "compensate"],
     S.CANCELLED: ["cancel"],
 }
 
@@ -30,8 +31,10 @@ PATHS = {
 def transition_kwargs(name: str, task: Task | None = None) -> dict:
     now = timezone.now()
     return {
-        "claim": {"worker": "test-worker", "lease_expires_at": now + timedelta(seconds=60),
-                  "now": now},
+        "claim": {"worker": "test-worker", "now": now, "lease": timedelta(seconds=60)},
+        "resume": {"worker": "test-worker", "now": now, "lease": timedelta(seconds=60)},
+        "compensate": {"error": "boom", "error_type": "NonRetryableError"},
+        "defer": {"next_attempt_at": now},
         "succeed": {"result": {"ok": True}, "now": now, "ttl": TTL},
         "schedule_retry": {"error": "boom", "error_type": "RetryableError",
                            "next_attempt_at": now},
@@ -53,7 +56,7 @@ def make_task(owner, *, state=S.PENDING, workflow="demo.echo", payload=None, key
             payload=payload, fingerprint=fingerprint(workflow, payload),
             max_attempts=max_attempts, created_at=now, updated_at=now, enqueued_at=now)
         for name in PATHS[state]:
-            transition_apply(task, name, actor="test", **transition_kwargs(name, task))
+            store().transition(task, name, at=now, actor="test", **transition_kwargs(name, task))
     assert task.state == state
     return task
 

@@ -126,3 +126,61 @@ def wait_for(condition, *, timeout: float = 10.0, interval: float = 0.02, what: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or condition}")
         time.sleep(interval)
+
+
+def in_thread(fn, *, timeout: float = 60.0):
+    """Run `fn()` on another thread — so on another database connection — wait
+    for it, and return its value (or raise its exception)."""
+    import threading
+
+    from django.db import connections
+
+    box: dict = {}
+
+    def body():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), "the other connection's work hung"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def rewind(task_id, seconds: float) -> None:
+    """Advance the clock by `seconds` for one task, the way the database sees it:
+    every time on its row moves that far into the past (its lease, its backoff,
+    its outstanding message)."""
+    from datetime import timedelta
+
+    from django.db.models import F
+
+    from workflows.models import Task
+
+    delta = timedelta(seconds=seconds)
+    for field in ("lease_expires_at", "next_attempt_at", "enqueued_at"):
+        Task.objects.filter(pk=task_id, **{f"{field}__isnull": False}).update(
+            **{field: F(field) - delta})
+
+
+def ledger(task_id) -> list[str]:
+    """The DemoLedger actions of one task, in the order they were written."""
+    from workflows.models import DemoLedger
+
+    return list(DemoLedger.objects.filter(task=task_id).order_by("id")
+                .values_list("action", flat=True))
+
+
+def audit(task_id) -> list[tuple[str, str, str]]:
+    """(transition, from, to) of one task's history, oldest first."""
+    from workflows.models import TaskTransition
+
+    return list(TaskTransition.objects.filter(task_id=task_id).order_by("id")
+                .values_list("transition", "from_state", "to_state"))

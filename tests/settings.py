@@ -11,6 +11,8 @@ import os
 
 os.environ.setdefault("DJANGO_SECRET_KEY", "test-only-secret-key-not-for-production-0123456789")
 os.environ.setdefault("PILOT_Q_CLUSTER_NAME", "pilot-test")
+# The demo workflows are the suite's fixtures (and those of the processes it starts).
+os.environ.setdefault("PILOT_DEMO_WORKFLOWS", "true")
 
 from pilot.settings import *  # noqa: E402,F403
 
@@ -37,3 +39,12 @@ STORAGES = {**STORAGES, "staticfiles": {  # noqa: F405
 # Serve static files from the apps (no collectstatic, no STATIC_ROOT to warn about).
 WHITENOISE_AUTOREFRESH = True
 WHITENOISE_USE_FINDERS = True
+
+# On SQLite the suite runs on a database file, as `make run` does (WAL, one
+# writer, the busy timeout), not on Django's default in-memory shared-cache
+# database, whose table locks behave differently (no busy timeout).
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
+    import tempfile
+
+    DATABASES["default"]["TEST"] = {  # noqa: F405
+        "NAME": os.path.join(tempfile.gettempdir(), f"pilot-test-{os.getpid()}.sqlite3")}

@@ -49,6 +49,14 @@ class Step:
     func: Callable[[Any], Any]
     atomic: bool = False
     compensation: Callable[[Any], Any] | None = None
+    # Is the compensation a database-only body committed with its record
+    # (exactly once)? Defaults to the step's own `atomic`.
+    compensation_atomic: bool = False
+
+    def without_compensation(self) -> Step:
+        """This step as a plan may pick it when, for a payload, there is nothing
+        to undo."""
+        return dataclasses.replace(self, compensation=None, compensation_atomic=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,17 +99,22 @@ class Workflow:
         return self.policy.max_attempts
 
     def step(self, func: Callable | None = None, *, name: str | None = None,
-             atomic: bool = False, compensation: Callable | None = None):
-        """Append a step; usable as `@wf.step` or `@wf.step(atomic=True, ...)`."""
+             atomic: bool = False, compensation: Callable | None = None,
+             compensation_atomic: bool | None = None):
+        """Append a step; usable as `@wf.step` or `@wf.step(atomic=True, ...)`.
+        `compensation_atomic` (default: `atomic`) runs the compensation inside
+        the transaction that records it."""
 
         def register(fn: Callable) -> Callable:
-            self.add_step(name or fn.__name__, fn, atomic=atomic, compensation=compensation)
+            self.add_step(name or fn.__name__, fn, atomic=atomic, compensation=compensation,
+                          compensation_atomic=compensation_atomic)
             return fn
 
         return register(func) if func is not None else register
 
     def add_step(self, name: str, func: Callable, *, atomic: bool = False,
-                 compensation: Callable | None = None) -> Step:
+                 compensation: Callable | None = None,
+                 compensation_atomic: bool | None = None) -> Step:
         if not isinstance(name, str) or not STEP_NAME_RE.match(name):
             self._refuse(f"step name {name!r} must be 1-100 letters, digits, '_' or '-'")
         if any(s.name == name for s in self.steps):
@@ -112,19 +125,31 @@ class Workflow:
             self._refuse(f"compensation of step {name!r} is not callable")
         if not isinstance(atomic, bool):
             self._refuse(f"atomic of step {name!r} must be True or False")
-        step = Step(name=name, func=func, atomic=atomic, compensation=compensation)
+        if compensation_atomic is not None and not isinstance(compensation_atomic, bool):
+            self._refuse(f"compensation_atomic of step {name!r} must be True or False")
+        if compensation_atomic and compensation is None:
+            self._refuse(f"step {name!r} has compensation_atomic but no compensation")
+        if compensation_atomic is None:
+            compensation_atomic = atomic
+        step = Step(name=name, func=func, atomic=atomic, compensation=compensation,
+                    compensation_atomic=compensation_atomic and compensation is not None)
         self.steps.append(step)
         return step
 
     def steps_for(self, payload: dict) -> list[Step]:
         """The steps one run executes: all of them, or what `plan` picks from them
-        (in order) for this payload, e.g. the first `payload["steps"]`."""
+        (in order) for this payload, e.g. the first `payload["steps"]`. A plan
+        may also drop a step's compensation for a payload
+        (`step.without_compensation()`)."""
         if self.plan is None:
             return self.steps
         chosen = list(self.plan(self, payload))
-        if not chosen or any(step not in self.steps for step in chosen):
+        if not chosen or any(not self._is_own(step) for step in chosen):
             raise ValueError(f"plan of {self.name} must pick a non-empty list of its own steps")
         return chosen
+
+    def _is_own(self, step: Step) -> bool:
+        return any(step in (own, own.without_compensation()) for own in self.steps)
 
     def is_retryable(self, exc: BaseException) -> bool:
         retryable = getattr(exc, "retryable", None)
@@ -138,7 +163,8 @@ class Workflow:
             "name": self.name,
             "description": self.description,
             "steps": [{"index": i, "name": s.name, "atomic": s.atomic,
-                       "compensation": getattr(s.compensation, "__name__", None)}
+                       "compensation": getattr(s.compensation, "__name__", None),
+                       "compensation_atomic": s.compensation_atomic}
                       for i, s in enumerate(self.steps)],
             "max_attempts": self.policy.max_attempts,
             "backoff": {"initial_seconds": self.policy.initial, "factor": self.policy.factor,

@@ -32,7 +32,7 @@ def test_the_dashboard_shows_counts_chart_stuck_tasks_and_failures(operator_clie
     html = response.content.decode()
     counts = dict(re.findall(r'data-state="(\w+)".*?pilot-card-n">(\d+)<', html, re.S))
     assert counts == {"pending": "1", "running": "1", "retrying": "0", "cancelling": "0",
-                      "succeeded": "3", "failed": "1", "cancelled": "0"}
+                      "compensating": "0", "succeeded": "3", "failed": "1", "cancelled": "0"}
     totals = dict(re.findall(r'data-total="(\w+)">(\d+)<', html))
     assert totals == {"triggers": "6", "replays": "1", "successes": "3", "failures": "1",
                       "retries": "0"}

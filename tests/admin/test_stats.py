@@ -38,7 +38,7 @@ def test_counts_by_state_include_every_state(owner):
         make_task(owner, state=state)
     counts = stats.task_counts_by_state()
     assert counts == {"pending": 2, "running": 0, "retrying": 0, "cancelling": 0,
-                      "succeeded": 0, "failed": 1, "cancelled": 0}
+                      "compensating": 0, "succeeded": 0, "failed": 1, "cancelled": 0}
 
 
 def test_activity_per_hour_counts_triggers_replays_successes_failures_and_retries(owner):

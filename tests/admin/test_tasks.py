@@ -28,6 +28,7 @@ BUTTONS = {
     S.RUNNING: ["cancel"],
     S.RETRYING: ["cancel"],
     S.CANCELLING: [],
+    S.COMPENSATING: [],  # already undoing its work: neither cancellable nor retryable
     S.SUCCEEDED: [],
     S.FAILED: ["retry", "retry_from_start"],
     S.CANCELLED: ["retry", "retry_from_start"],

@@ -8,7 +8,7 @@ import pytest
 
 from tests.factories import make_task, transition_kwargs
 from workflows.admin.diagram import POSITIONS, state_edges
-from workflows.engine.audit import transition_apply
+from workflows.engine.store import store
 from workflows.models import Task
 from workflows.states import TaskState as S
 
@@ -24,7 +24,7 @@ def test_every_workflow_is_listed_with_steps_and_policies(operator_client):
     saga = html.split('data-workflow="demo.saga"')[1].split('data-workflow=')[0]
     assert "at most 3 attempt(s); backoff 0.1 s × 2.0" in saga
     assert "86400 s after the task finishes" in saga
-    assert re.search(r"reserve</td>\s*<td>no — at least once</td>\s*<td>release", saga)
+    assert re.search(r"reserve</td>\s*<td>yes — exactly once</td>\s*<td>release", saga)
     sync = html.split('data-workflow="demo.sync_orders"')[1].split('data-workflow=')[0]
     assert re.search(r"write</td>\s*<td>yes — exactly once", sync)
     assert "<code>count</code> (integer)" in sync and "step_seconds</code> (number, optional)" \
@@ -39,7 +39,9 @@ def test_the_diagram_draws_exactly_the_models_transitions(operator_client):
         (S.RUNNING, S.RETRYING), (S.RUNNING, S.FAILED), (S.PENDING, S.CANCELLING),
         (S.RETRYING, S.CANCELLING), (S.RUNNING, S.CANCELLING), (S.PENDING, S.CANCELLED),
         (S.RETRYING, S.CANCELLED), (S.CANCELLING, S.CANCELLED), (S.FAILED, S.PENDING),
-        (S.CANCELLED, S.PENDING),
+        (S.CANCELLED, S.PENDING), (S.RUNNING, S.COMPENSATING), (S.COMPENSATING, S.FAILED),
+        # resume and defer keep the state (the token moves on): drawn as loops
+        (S.COMPENSATING, S.COMPENSATING), (S.CANCELLING, S.CANCELLING),
     }
     assert drawn == {(str(a), str(b)) for a, b in expected}
     assert set(re.findall(r'data-node="(\w+)"', html)) == set(S.values) == set(POSITIONS)
@@ -56,6 +58,6 @@ def test_the_diagram_has_exactly_the_edges_the_model_declares(owner):
     assert state_edges()[(S.RUNNING, S.CANCELLING)]["names"] == ["cancel"]
     for needs_compensation in (False, True):
         task = make_task(owner, state=S.RUNNING)
-        transition_apply(task, "cancel", actor="test", **{
+        store().transition(task, "cancel", at=task.updated_at, actor="test", **{
             **transition_kwargs("cancel"), "needs_compensation": needs_compensation})
         assert Task.objects.get(pk=task.pk).state == S.CANCELLING

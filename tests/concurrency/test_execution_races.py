@@ -11,11 +11,11 @@ from django.utils import timezone
 from tests.helpers import drain, expire_lease, pop_queued, queued_task_ids, run_at_once
 from workflows.engine import claims
 from workflows.engine.dispatcher import dispatch_once
-from workflows.engine.leases import fence_lock
+from workflows.engine.leases import Refused
 from workflows.engine.operations import task_cancel
 from workflows.engine.runner import task_run
+from workflows.engine.store import rows, store
 from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
-from workflows.errors import LeaseLost
 from workflows.models import DemoOrder, Task, TaskTransition
 from workflows.states import TaskState as S
 
@@ -125,7 +125,8 @@ def test_a_zombie_worker_cannot_commit_its_atomic_step_after_a_takeover(owner, t
     report = task_run(task_id=task.pk, worker="first")
     assert report.outcome == "lease_lost"
     task.refresh_from_db()
-    assert (task.state, task.lease_token, task.result) == (S.SUCCEEDED, 2, {"rows": 10})
+    # claim (1), recover (2), claim (3), succeed (4): every transition a new version.
+    assert (task.state, task.lease_token, task.result) == (S.SUCCEEDED, 4, {"rows": 10})
     assert DemoOrder.objects.filter(batch="zombie").count() == 10  # the zombie's rolled back
     assert list(TaskTransition.objects.filter(task_id=task.pk).order_by("id")
                 .values_list("transition", "actor")) == [
@@ -142,14 +143,12 @@ def test_a_stale_lease_token_is_refused_on_every_write(owner):
     dispatch_once()
     Task.objects.filter(pk=task.pk).update(next_attempt_at=timezone.now())
     second = claims.task_claim(task_id=task.pk, worker="second")
-    assert second.lease.token == first.lease.token + 1
-    from workflows.engine import checkpoints
-
-    with pytest.raises(LeaseLost):
-        checkpoints.steps_write(first.lease, [checkpoints.started(0, "echo", 1, timezone.now())])
-    with pytest.raises(LeaseLost), transaction.atomic():
-        fence_lock(first.lease)
-    checkpoints.steps_write(second.lease, [checkpoints.started(0, "echo", 1, timezone.now())])
+    assert second.lease.token == first.lease.token + 2  # recover, then the new claim
+    with pytest.raises(Refused):
+        store().write_steps(first.lease, [rows.started(0, "echo", 1, timezone.now())])
+    with pytest.raises(Refused):
+        store().check(first.lease)
+    store().write_steps(second.lease, [rows.started(0, "echo", 1, timezone.now())])
 
 
 def test_a_cancel_racing_an_atomic_step_leaves_no_effect_behind(owner, temp_workflow):

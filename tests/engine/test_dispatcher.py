@@ -123,16 +123,16 @@ def test_a_cancelling_task_whose_worker_died_is_finished(start, owner, temp_work
 
     saga = start("test.orphan")
     claim = task_claim(task_id=pop_queued()[0], worker="dies-after-one")
-    from workflows.engine import checkpoints
+    from workflows.engine.store import rows, store
 
     now = timezone.now()
-    checkpoints.steps_write(claim.lease, [checkpoints.started(0, "one", 1, now)])
-    checkpoints.steps_write(claim.lease, [checkpoints.succeeded(0, "one", "done", now),
-                                          checkpoints.started(1, "two", 1, now)])
+    store().write_steps(claim.lease, [rows.started(0, "one", 1, now)])
+    store().write_steps(claim.lease, [rows.succeeded(0, "one", "done", now, compensable=True),
+                                      rows.started(1, "two", 1, now)])
     task_cancel(task_id=saga.pk, user=owner)
     expire_lease(saga.pk)
-    assert dispatch_once().cancels_enqueued == 1
-    assert dispatch_once().cancels_enqueued == 0
+    assert dispatch_once().compensations_enqueued == 1
+    assert dispatch_once().compensations_enqueued == 0
     drain(lambda: Task.objects.get(pk=saga.pk).is_finished)
     assert Task.objects.get(pk=saga.pk).state == S.CANCELLED
     assert undone == ["done"]

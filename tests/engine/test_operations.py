@@ -125,9 +125,10 @@ def test_retry_from_start_runs_every_step_again(start, owner, temp_workflow):
     drain(lambda: Task.objects.get(pk=task.pk).is_finished)
     assert runs == ["first", "second", "second", "first", "second"]
     assert Task.objects.get(pk=task.pk).state == S.SUCCEEDED
-    assert [t for t in TaskTransition.objects.filter(task_id=task.pk).values_list(
-        "reason", flat=True) if "retry" in t] == ["retry from the last checkpoint",
-                                                  "retry from the first step"]
+    assert [t.reason for t in TaskTransition.objects.filter(task_id=task.pk, transition="retry")
+            .order_by("id")] == ["resumes after its finished step(s) first",
+                                 "every step runs again from the first (1 finished step(s) "
+                                 "reset)"]
 
 
 def test_a_running_task_is_cancelled_cooperatively_and_compensated(start, owner,
@@ -160,8 +161,11 @@ def test_a_running_task_is_cancelled_cooperatively_and_compensated(start, owner,
     assert ran == ["book", "wait"]
     assert undone == [("booked", {"booking": 7})]
     assert steps(task) == [("book", "compensated"), ("wait", "failed")]
+    # The worker noticed the cancel at its heartbeat and took the compensations
+    # over under a new token (`resume`) before finishing the cancel.
     assert [(t.transition, t.to_state) for t in TaskTransition.objects.filter(
         task_id=task.pk).order_by("id")] == [("claim", "running"), ("cancel", "cancelling"),
+                                             ("resume", "cancelling"),
                                              ("finish_cancel", "cancelled")]
 
 
@@ -210,8 +214,8 @@ def test_cancelling_a_waiting_task_with_steps_to_undo_runs_the_compensations(
     assert steps(task) == [("reserve", "compensated"), ("pay", "failed")]
 
 
-def test_a_failing_compensation_is_recorded_and_left_for_the_operator(start, owner,
-                                                                      temp_workflow):
+def test_a_failing_compensation_is_recorded_and_the_others_still_run(start, owner,
+                                                                     temp_workflow):
     def refuse(ctx):
         raise RuntimeError("refund API said no")
 
@@ -235,9 +239,10 @@ def test_a_failing_compensation_is_recorded_and_left_for_the_operator(start, own
     task.refresh_from_db()
     assert (task.state, task.error_type) == (S.FAILED, "CompensationFailed")
     assert "third is broken" in task.error and "refund API said no" in task.error
-    # The saga stopped: `second` is still in effect and says why; `first` was not undone.
-    assert steps(task) == [("first", "succeeded"), ("second", "succeeded"),
+    assert "steps left uncompensated: second" in task.error
+    # `second` is still in effect and says why; the remaining compensation ran.
+    assert steps(task) == [("first", "compensated"), ("second", "compensation_failed"),
                            ("third", "failed")]
     assert StepCheckpoint.objects.get(task_id=task.pk, name="second").error.startswith(
         "compensation failed: RuntimeError: refund API said no")
-    assert undone == []
+    assert undone == ["first"]

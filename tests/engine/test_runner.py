@@ -124,7 +124,7 @@ def test_demo_saga_succeeds_without_compensation(start):
 def test_a_second_claim_and_a_duplicate_delivery_do_nothing(start):
     task = start("demo.echo", {})
     first = task_claim(task_id=task.pk, worker="w1")
-    assert first is not None and first.lease.token == 1
+    assert first is not None and first.task.lease_token == 1
     assert task_claim(task_id=task.pk, worker="w2") is None
     assert run_task(str(task.pk)) == "skipped"
     task.refresh_from_db()

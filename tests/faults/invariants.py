@@ -19,12 +19,15 @@ from workflows.models import DemoOrder, Task, TaskTransition
 from workflows.states import FINISHED_STATES
 from workflows.states import TaskState as S
 
-# Every edge of SPEC §5, as (transition, from, to).
+# Every edge of the state machine (docs/design.md), as (transition, from, to).
 LEGAL_EDGES = {
     ("claim", S.PENDING, S.RUNNING), ("claim", S.RETRYING, S.RUNNING),
     ("succeed", S.RUNNING, S.SUCCEEDED),
     ("schedule_retry", S.RUNNING, S.RETRYING), ("recover", S.RUNNING, S.RETRYING),
-    ("fail", S.RUNNING, S.FAILED),
+    ("compensate", S.RUNNING, S.COMPENSATING),
+    ("fail", S.RUNNING, S.FAILED), ("fail", S.COMPENSATING, S.FAILED),
+    ("resume", S.COMPENSATING, S.COMPENSATING), ("resume", S.CANCELLING, S.CANCELLING),
+    ("defer", S.COMPENSATING, S.COMPENSATING), ("defer", S.CANCELLING, S.CANCELLING),
     ("cancel", S.PENDING, S.CANCELLED), ("cancel", S.RETRYING, S.CANCELLED),
     ("cancel", S.PENDING, S.CANCELLING), ("cancel", S.RETRYING, S.CANCELLING),
     ("cancel", S.RUNNING, S.CANCELLING),

@@ -1,12 +1,13 @@
-"""The task state machine of SPEC §5: every edge, every refusal, the audit row,
-and compare-and-set saves."""
+"""The task state machine (docs/design.md): every edge, every refusal, the audit
+row, the token every transition moves on, and compare-and-set saves."""
 
 import pytest
 from django.db import transaction
+from django.utils import timezone
 from django_fsm import ConcurrentTransition, TransitionNotAllowed, has_transition_perm
 
 from tests.factories import make_task, transition_kwargs
-from workflows.engine.audit import transition_apply
+from workflows.engine.store import store
 from workflows.models import Task, TaskTransition
 from workflows.states import TaskState as S
 
@@ -17,16 +18,23 @@ LEGAL = {
     "succeed": {S.RUNNING: S.SUCCEEDED},
     "schedule_retry": {S.RUNNING: S.RETRYING},
     "recover": {S.RUNNING: S.RETRYING},
-    "fail": {S.RUNNING: S.FAILED},
+    "compensate": {S.RUNNING: S.COMPENSATING},
+    "fail": {S.RUNNING: S.FAILED, S.COMPENSATING: S.FAILED},
     "cancel": {S.PENDING: S.CANCELLED, S.RETRYING: S.CANCELLED, S.RUNNING: S.CANCELLING},
     "finish_cancel": {S.CANCELLING: S.CANCELLED},
     "retry": {S.FAILED: S.PENDING, S.CANCELLED: S.PENDING},
+    "resume": {S.COMPENSATING: S.COMPENSATING, S.CANCELLING: S.CANCELLING},
+    "defer": {S.COMPENSATING: S.COMPENSATING, S.CANCELLING: S.CANCELLING},
 }
 
 
-def test_the_machine_has_seven_states():
-    assert set(S.values) == {"pending", "running", "retrying", "cancelling", "succeeded",
-                             "failed", "cancelled"}
+def transition_apply(task, name, *, actor, reason="", **kwargs):
+    store().transition(task, name, at=timezone.now(), actor=actor, reason=reason, **kwargs)
+
+
+def test_the_machine_has_eight_states():
+    assert set(S.values) == {"pending", "running", "retrying", "cancelling", "compensating",
+                             "succeeded", "failed", "cancelled"}
 
 
 @pytest.mark.parametrize("name, source, target", [
@@ -39,12 +47,21 @@ def test_every_legal_transition_moves_and_is_audited(owner, name, source, target
         locked = Task.objects.select_for_update().get(pk=task.pk)
         transition_apply(locked, name, actor="user:op", reason="because",
                          **transition_kwargs(name))
+    token = locked.lease_token
     task.refresh_from_db()
     assert task.state == target
+    # Every transition is a new version: the token moves on, in memory and stored.
+    assert task.lease_token == token == make_task_token(source) + 1
     audit = TaskTransition.objects.filter(task=task).order_by("-id").first()
     assert TaskTransition.objects.filter(task=task).count() == before + 1
     assert (audit.transition, audit.from_state, audit.to_state, audit.actor, audit.reason) == (
         name, source, target, "user:op", "because")
+
+
+def make_task_token(state) -> int:
+    from tests.factories import PATHS
+
+    return len(PATHS[state])
 
 
 @pytest.mark.parametrize("name, source", [
@@ -55,6 +72,7 @@ def test_every_illegal_transition_is_refused_and_changes_nothing(owner, name, so
     before = TaskTransition.objects.filter(task=task).count()
     with pytest.raises(TransitionNotAllowed), transaction.atomic():
         transition_apply(task, name, actor="user:op", **transition_kwargs(name))
+    assert task.lease_token == make_task_token(source)  # a refused edge is no new version
     task.refresh_from_db()
     assert task.state == source
     assert TaskTransition.objects.filter(task=task).count() == before
@@ -114,10 +132,24 @@ def test_a_stale_copy_cannot_overwrite_a_newer_state(owner):
         transition_apply(fresh, "cancel", actor="user:op", **transition_kwargs("cancel"))
     with pytest.raises(ConcurrentTransition), transaction.atomic():
         transition_apply(stale, "claim", actor="worker", **transition_kwargs("claim"))
+    # The refused copy is left as it was read: it claims no state the database lacks.
+    assert (stale.state, stale.lease_token, stale.attempts) == (S.PENDING, 0, 0)
     task.refresh_from_db()
     assert task.state == S.CANCELLED
     assert list(TaskTransition.objects.filter(task=task).values_list("transition", flat=True)) \
         == ["cancel"]
+
+
+def test_cancel_and_retry_make_a_new_version_so_the_same_state_never_recurs(owner):
+    """pending(0) → cancelled(1) → pending(2): a claim that read pending at 0
+    cannot match pending at 2 (no ABA)."""
+    task = make_task(owner)
+    stale = Task.objects.get(pk=task.pk)
+    transition_apply(task, "cancel", actor="user:op", **transition_kwargs("cancel"))
+    transition_apply(task, "retry", actor="user:op", budget=3)
+    assert (task.state, task.lease_token) == (S.PENDING, 2)
+    with pytest.raises(ConcurrentTransition):
+        transition_apply(stale, "claim", actor="worker", **transition_kwargs("claim"))
 
 
 def test_operator_transitions_carry_permissions(owner, django_user_model):

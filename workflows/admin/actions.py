@@ -16,13 +16,12 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-from django_fsm import can_proceed, has_transition_perm
+from django_fsm import has_transition_perm
 
 from workflows.engine.operations import task_cancel, task_retry, transition_permission
+from workflows.engine.plans import cancel_plan, owed_compensations, retry_plan
 from workflows.errors import PilotError
 from workflows.models import StepCheckpoint, Task
-from workflows.registry import registry
-from workflows.states import StepState, TaskState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,65 +85,38 @@ class AppliedChange:
     detail: str
 
 
-def _succeeded_steps(tasks: list[Task]) -> dict:
-    """{task id: [(index, name), …]} of succeeded checkpoints, in one query."""
-    done: dict = defaultdict(list)
-    rows = (StepCheckpoint.objects.filter(task_id__in=[t.pk for t in tasks],
-                                          state=StepState.SUCCEEDED)
-            .order_by("task_id", "index").values_list("task_id", "index", "name"))
-    for task_id, index, name in rows:
-        done[task_id].append((index, name))
-    return done
+def _steps_of(tasks: list[Task]) -> dict:
+    """{task id: [StepCheckpoint, …]} in one query."""
+    steps: dict = defaultdict(list)
+    for cp in StepCheckpoint.objects.filter(task_id__in=[t.pk for t in tasks]).order_by("index"):
+        steps[cp.task_id].append(cp)
+    return steps
 
 
-def _plan_cancel(task: Task, done: list) -> PlannedChange:
-    if not can_proceed(task.cancel):
-        return PlannedChange(task, False, "no change",
-                             f"a {task.state} task cannot be cancelled")
-    if task.state == TaskState.RUNNING:
-        return PlannedChange(task, True, "running → cancelling",
-                             "its worker stops at the next step boundary or heartbeat, runs "
-                             "the compensations of finished steps, then it becomes cancelled")
-    workflow = registry.find(task.workflow)
-    plan = workflow.steps_for(task.payload) if workflow else []
-    undo = [name for index, name in reversed(done)
-            if index < len(plan) and plan[index].name == name and plan[index].compensation]
-    if undo:
-        return PlannedChange(task, True, f"{task.state} → cancelling",
-                             "a worker runs the compensations of " + ", ".join(undo)
-                             + ", then it becomes cancelled")
-    return PlannedChange(task, True, f"{task.state} → cancelled", "cancelled at once")
+def _plan_cancel(task: Task, owed: list[str]) -> PlannedChange:
+    plan = cancel_plan(task, owed)
+    if not plan.allowed:
+        return PlannedChange(task, False, "no change", plan.summary)
+    return PlannedChange(task, True, f"{task.state} → {plan.target}", plan.summary)
 
 
-def _plan_retry(task: Task, done: list, *, from_start: bool) -> PlannedChange:
-    if not can_proceed(task.retry):
-        return PlannedChange(task, False, "no change",
-                             f"a {task.state} task cannot be retried; only failed and "
-                             "cancelled tasks can")
-    workflow = registry.find(task.workflow)
-    if workflow is None:
-        return PlannedChange(task, False, "refused",
-                             f"workflow {task.workflow} is no longer registered")
-    budget = f"a fresh budget of {workflow.max_attempts} attempt(s)"
-    if from_start:
-        return PlannedChange(task, True, f"{task.state} → pending",
-                             f"every step runs again from the first ({len(done)} finished "
-                             f"step(s) reset); {budget}")
-    if done:
-        names = ", ".join(name for _, name in done)
-        return PlannedChange(task, True, f"{task.state} → pending",
-                             f"resumes after its finished step(s) {names}; {budget}")
+def _plan_retry(task: Task, steps: list, *, from_start: bool) -> PlannedChange:
+    plan = retry_plan(task, steps, from_start=from_start)
+    if not plan.allowed:
+        return PlannedChange(task, False, "no change", plan.summary)
     return PlannedChange(task, True, f"{task.state} → pending",
-                         f"runs from the first step (none finished); {budget}")
+                         f"{plan.summary}; a fresh budget of {plan.budget} attempt(s)")
 
 
 def actions_plan(action: OperatorAction, tasks: list[Task]) -> list[PlannedChange]:
-    """The dry run of `action` over `tasks`: one read of their finished steps,
-    no writes. The real outcome is decided again, under lock, by `apply`."""
-    done = _succeeded_steps(tasks)
+    """The dry run of `action` over `tasks`, decided by the engine's own plans
+    (`cancel_plan`, `retry_plan`) from one read of their checkpoints, no writes.
+    The real outcome is decided again, under lock, by `apply`."""
     if action.transition == "cancel":
-        return [_plan_cancel(task, done[task.pk]) for task in tasks]
-    return [_plan_retry(task, done[task.pk], from_start=action.from_start) for task in tasks]
+        owed = owed_compensations([t.pk for t in tasks])
+        return [_plan_cancel(task, owed.get(task.pk, [])) for task in tasks]
+    steps = _steps_of(tasks)
+    return [_plan_retry(task, steps[task.pk], from_start=action.from_start) for task in tasks]
 
 
 def actions_apply(action: OperatorAction, tasks: list[Task], *, user,

@@ -17,7 +17,7 @@ from workflows.admin.svg import STATE_COLORS, Svg
 from workflows.models import Task
 from workflows.states import TaskState as S
 
-WIDTH, HEIGHT = 700, 440
+WIDTH, HEIGHT = 700, 520
 NODE_W, NODE_H = 110, 34
 
 POSITIONS = {
@@ -28,6 +28,7 @@ POSITIONS = {
     S.RETRYING: (330, 330),
     S.CANCELLING: (580, 330),
     S.CANCELLED: (100, 330),
+    S.COMPENSATING: (330, 450),
 }
 
 # How far each edge's curve bows (px, to the left of its direction as drawn on
@@ -46,11 +47,13 @@ BENDS = {
 LABEL_AT = {(S.PENDING, S.CANCELLING): 0.75}
 
 def state_edges() -> dict[tuple[str, str], dict]:
-    """{(source, target): {"names": [...], "permission": str | None}} from Task's FSM."""
+    """{(source, target): {"names": [...], "permission": str | None}} from Task's FSM.
+    A transition that keeps the state (`resume`, `defer`) is an edge from the
+    state to itself."""
     field = Task._meta.get_field("state")
     edges: dict = defaultdict(lambda: {"names": [], "permission": None})
     for t in field.get_all_transitions(Task):
-        targets = getattr(t.target, "allowed_states", None) or [t.target]
+        targets = getattr(t.target, "allowed_states", None) or [t.target or t.source]
         for target in targets:
             edge = edges[(str(t.source), str(target))]
             if t.name not in edge["names"]:
@@ -77,6 +80,14 @@ def state_diagram() -> SafeString:
     labels = []
     for (source, target), edge in sorted(state_edges().items()):
         (x0, y0), (x1, y1) = POSITIONS[source], POSITIONS[target]
+        if source == target:  # resume / defer: the state stays, the token moves on
+            svg.raw(f'<path d="M{x0 - 22:.1f},{y0 + NODE_H / 2:.1f} C{x0 - 40:.1f},'
+                    f'{y0 + NODE_H / 2 + 34:.1f} {x0 + 40:.1f},{y0 + NODE_H / 2 + 34:.1f} '
+                    f'{x0 + 22:.1f},{y0 + NODE_H / 2 + 3:.1f}" fill="none" stroke="#374151" '
+                    f'stroke-width="1.4" marker-end="url(#pilot-arrow)" '
+                    f'data-edge="{escape(source)}-{escape(target)}"/>')
+            labels.append((x0, y0 + NODE_H / 2 + 40, " / ".join(edge["names"]), "middle"))
+            continue
         length = math.hypot(x1 - x0, y1 - y0)
         bend = BENDS.get((source, target), 0)
         mx, my = (x0 + x1) / 2, (y0 + y1) / 2

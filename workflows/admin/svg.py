@@ -18,6 +18,7 @@ STATE_COLORS = {
     TaskState.RUNNING: "#2563eb",
     TaskState.RETRYING: "#d97706",
     TaskState.CANCELLING: "#9333ea",
+    TaskState.COMPENSATING: "#c026d3",
     TaskState.SUCCEEDED: "#16a34a",
     TaskState.FAILED: "#dc2626",
     TaskState.CANCELLED: "#475569",
@@ -27,7 +28,9 @@ STEP_COLORS = {
     StepState.RUNNING: "#2563eb",
     StepState.SUCCEEDED: "#16a34a",
     StepState.FAILED: "#dc2626",
+    StepState.COMPENSATING: "#c026d3",
     StepState.COMPENSATED: "#0d9488",
+    StepState.COMPENSATION_FAILED: "#b91c1c",
 }
 
 

@@ -1,12 +1,16 @@
-"""The five demo workflows of SPEC §12 — a fixed contract that outside tests rely on."""
+"""The demo workflows — a fixed contract that outside tests rely on
+(docs/design.md, "Demo workflows"). Registered only when PILOT_DEMO_WORKFLOWS
+is true (`make run` and the tests set it); never in production."""
 
 from __future__ import annotations
+
+import os
 
 from rest_framework import serializers
 
 from workflows.errors import NonRetryableError, RetryableError
 from workflows.fields import JSONBoolean, JSONInteger, JSONNumber, JSONString
-from workflows.models import DemoOrder
+from workflows.models import DemoLedger, DemoOrder
 from workflows.registry import define_workflow
 
 # --- demo.echo ------------------------------------------------------------------------
@@ -107,36 +111,91 @@ for _n in range(50):
 
 class SagaPayload(serializers.Serializer):
     fail = JSONBoolean()
+    step_seconds = JSONNumber(min_value=0, max_value=3600, required=False, default=0)
+    compensate_seconds = JSONNumber(min_value=0, max_value=3600, required=False, default=0)
 
 
 saga = define_workflow(
     "demo.saga", payload_serializer=SagaPayload, max_attempts=3,
     backoff_initial=0.1, backoff_factor=2.0, backoff_max=1.0,
-    description="reserve → charge → confirm; on failure charge is refunded and the "
-                "reservation released, in reverse order.")
+    description="reserve → charge → confirm; on failure (or a cancel) charge is refunded and "
+                "the reservation released, in reverse order. Every step and compensation is "
+                "atomic and writes one DemoLedger row, so a double effect shows.")
+
+
+def _ledger(ctx, action: str, seconds_field: str) -> None:
+    """Wait (heartbeating), then record the effect — inside the step's transaction."""
+    ctx.sleep(float(ctx.payload.get(seconds_field, 0)))
+    DemoLedger.objects.create(task=ctx.task_id, action=action)
 
 
 def release(ctx):
+    _ledger(ctx, "release", "compensate_seconds")
     return {"released": ctx.output["reservation"]}
 
 
 def refund(ctx):
+    _ledger(ctx, "refund", "compensate_seconds")
     return {"refunded": ctx.output["charge"]}
 
 
-@saga.step(compensation=release)
+@saga.step(atomic=True, compensation=release)
 def reserve(ctx):
+    _ledger(ctx, "reserve", "step_seconds")
     return {"reservation": f"R-{ctx.step_key}"}
 
 
-@saga.step(compensation=refund)
+@saga.step(atomic=True, compensation=refund)
 def charge(ctx):
+    _ledger(ctx, "charge", "step_seconds")
     return {"charge": f"C-{ctx.step_key}"}
 
 
-@saga.step
+@saga.step(atomic=True)
 def confirm(ctx):
+    ctx.sleep(float(ctx.payload.get("step_seconds", 0)))
     if ctx.payload["fail"]:
         raise NonRetryableError("confirmation refused (payload asked to fail)")
+    DemoLedger.objects.create(task=ctx.task_id, action="confirm")
     return {"confirmed": True, "reservation": ctx.outputs["reserve"]["reservation"],
             "charge": ctx.outputs["charge"]["charge"]}
+
+
+# --- demo.crash ----------------------------------------------------------------------------
+
+class CrashPayload(serializers.Serializer):
+    crash_times = JSONInteger(min_value=0, max_value=100)
+    compensate = JSONBoolean(required=False, default=False)
+
+
+def _crash_plan(workflow, payload):
+    prepare_step, boom_step = workflow.steps
+    if not payload.get("compensate"):
+        prepare_step = prepare_step.without_compensation()
+    return [prepare_step, boom_step]
+
+
+crash = define_workflow(
+    "demo.crash", payload_serializer=CrashPayload, max_attempts=3,
+    backoff_initial=0.1, backoff_factor=2.0, backoff_max=0.5, plan=_crash_plan,
+    description="prepare (atomic), then boom, which kills its own worker process on the first "
+                "`crash_times` attempts (like an out-of-memory kill). With crash_times >= 3 it "
+                "is a poison task: it ends failed after 3 attempts, `unprepare` run once when "
+                "`compensate`.")
+
+
+def unprepare(ctx):
+    DemoLedger.objects.create(task=ctx.task_id, action="unprepare")
+
+
+@crash.step(atomic=True, compensation=unprepare)
+def prepare(ctx):
+    DemoLedger.objects.create(task=ctx.task_id, action="prepare")
+    return {"prepared": True}
+
+
+@crash.step
+def boom(ctx):
+    if ctx.attempt <= ctx.payload["crash_times"]:
+        os._exit(137)
+    return {"survived_attempt": ctx.attempt}

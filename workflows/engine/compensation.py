@@ -1,58 +1,162 @@
-"""Compensation (saga): undo succeeded steps in reverse order (SPEC §7).
+"""The compensation phase (saga): undo the succeeded steps, last first, then end
+the task (docs/design.md, "Compensation").
 
-Runs when a task fails for good (state `running`) or is cancelled (state
-`cancelling`), under the worker's fence for that state. Each compensation body
-runs outside any transaction; its step then becomes `compensated`. A step
-without a compensation stays `succeeded` (nothing to undo).
+A run enters it holding a `compensating` task (failed for good) or a
+`cancelling` one (cancelled), under a token no one else has: its own
+`compensate` transition, or a take-over (`resume`) — after its own attempt
+was cancelled, or of a task whose previous holder died. Per step whose
+compensation is owed (`succeeded` or `compensating`, and `compensable`):
 
-A compensation that raises stops the saga: the failing step stays `succeeded`
-with "compensation failed: …" in its error, the steps before it stay
-`succeeded` too, and the problem is returned so that the task ends with
-error_type CompensationFailed. Nothing is hidden: an operator sees which effect
-is still in place, and a retry resumes with those steps memoized.
+    record `compensating`, attempts + 1 — before the body, so a compensation
+      that kills its worker is counted and, at the workflow's max_attempts,
+      given up (`compensation_failed`) instead of looping
+    run the compensation: an atomic one inside the transaction that records
+      it `compensated` (exactly once); a plain one, then its record
+      (at least once, with its own key `<task>:<step>:compensate`)
+    a retryable error with attempts left → `defer`: the task waits its
+      backoff and any worker resumes it; otherwise `compensation_failed`,
+      and the remaining compensations still run
+
+At the end: `fail` (compensating) or `finish_cancel` (cancelling), with
+error_type CompensationFailed naming the steps left uncompensated, if any.
+A step still `running` when the phase starts was interrupted by a crash or
+the cancel; it is recorded `failed`, and not compensated (it never
+succeeded). Every record is fenced on the run's token: once recorded, a
+compensation never runs again.
 """
 
 from __future__ import annotations
 
-from workflows.engine import checkpoints
-from workflows.engine.context import StepContext
-from workflows.engine.leases import Lease
-from workflows.models import StepCheckpoint, Task
-from workflows.observability.events import emit
-from workflows.registry import Step
-from workflows.states import StepState
+from collections.abc import Iterator
+from datetime import timedelta
+
+from workflows.backoff import backoff_delay
+from workflows.engine import faults
+from workflows.engine.runner import MISSING, StepFailure, describe
+from workflows.engine.store import rows as step_rows
+from workflows.errors import WorkerSignal
+from workflows.models import StepCheckpoint
+from workflows.states import TO_COMPENSATE, StepState, TaskState
+
+DONE, DEFERRED = "done", "deferred"
 
 
-def compensate(lease: Lease, task: Task, plan: list[Step], *, states) -> str | None:
-    """Run the compensations of `task`'s succeeded steps, last first. Returns None
-    when all ran, or a description of the one that failed."""
-    done = (StepCheckpoint.objects.filter(task_id=task.pk, state=StepState.SUCCEEDED)
-            .order_by("-index"))
-    for cp in done:
-        step = plan[cp.index] if cp.index < len(plan) else None
-        if step is None or step.name != cp.name or step.compensation is None:
+def compensation_phase(run) -> Iterator[str]:
+    """Compensate what `run.task` owes, then end it (module docstring)."""
+    checkpoints = run.store.checkpoints(run.task.pk)
+    now = run.clock.now()
+    interrupted = [step_rows.failed(i, cp.name, "interrupted before it finished: not "
+                                                "compensated", now)
+                   for i, cp in sorted(checkpoints.items()) if cp.state == StepState.RUNNING]
+    if interrupted:
+        run.write(interrupted)
+    problems: list[str] = []
+    for index in sorted(checkpoints, reverse=True):
+        cp = checkpoints[index]
+        if cp.state not in TO_COMPENSATE or not cp.compensable:
             continue
-        ctx = StepContext(lease=lease, workflow=task.workflow, payload=task.payload,
-                          outputs={}, attempt=task.attempts, step_index=cp.index,
-                          step_name=cp.name, output=cp.output, fence_states=states)
-        try:
-            step.compensation(ctx)
-        except Exception as exc:  # noqa: BLE001 - recorded for the operator
-            error = f"{type(exc).__name__}: {exc}"
-            checkpoints.step_compensation_failed(lease, index=cp.index, name=cp.name,
-                                                 error=error, states=states)
-            emit("compensation_failed", task_id=str(task.pk), workflow=task.workflow,
-                 step=cp.name, error_type=type(exc).__name__)
-            return f"compensation of step {cp.name!r} failed: {error}"
-        checkpoints.step_compensated(lease, index=cp.index, name=cp.name, states=states)
-        emit("step_compensated", task_id=str(task.pk), workflow=task.workflow, step=cp.name)
-    return None
+        outcome = yield from _compensate_one(run, cp, problems)
+        if outcome == DEFERRED:
+            return
+    _end(run, problems)
 
 
-def needs_compensation(task: Task, plan: list[Step]) -> bool:
-    """Does `task` have a succeeded step with a compensation to run?"""
-    compensable = {(i, s.name) for i, s in enumerate(plan) if s.compensation is not None}
-    if not compensable:
-        return False
-    done = StepCheckpoint.objects.filter(task_id=task.pk, state=StepState.SUCCEEDED)
-    return any((cp.index, cp.name) in compensable for cp in done.only("index", "name"))
+def _compensate_one(run, cp: StepCheckpoint, problems: list[str]) -> Iterator[str]:
+    step = run.plan.step_at(cp.index, cp.name) if run.plan else None
+    if step is None or step.compensation is None:
+        reason = (run.unplanned.reason if run.unplanned else
+                  f"the workflow no longer defines a compensation for step {cp.name!r}")
+        _give_up(run, cp, reason, problems)
+        return DONE
+    cap = run.plan.workflow.max_attempts
+    if cp.compensation_attempts >= cap:
+        _give_up(run, cp, f"gave up after {cp.compensation_attempts} attempt(s); the last "
+                          "one never finished (its worker was lost)", problems)
+        return DONE
+    attempt = cp.compensation_attempts + 1
+    run.write([step_rows.compensation_started(cp.index, cp.name, attempt)])
+    yield "compensation_started"
+    ctx = run._context(cp.index, step, {}, atomic=step.compensation_atomic, compensating=True,
+                       output=cp.output)
+    try:
+        if step.compensation_atomic:
+            def body():
+                step.compensation(ctx)
+                run.write([step_rows.compensated(cp.index, cp.name, run.clock.now())])
+                return DONE
+
+            run.atomically(body, lambda: _settle(run, cp))
+        else:
+            _call(step, ctx)
+            faults.fault_point("after_compensation_body")
+            run.write([step_rows.compensated(cp.index, cp.name, run.clock.now())])
+    except (_CompensationError, StepFailure) as failure:
+        return _failed(run, cp, attempt, failure.exc, problems)
+    run.report.compensations_run.append(cp.name)
+    run._emit("step_compensated", step=cp.name, attempt=attempt)
+    yield "compensated"
+    return DONE
+
+
+class _CompensationError(Exception):  # noqa: N818
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+        super().__init__(str(exc))
+
+
+def _call(step, ctx) -> None:
+    try:
+        step.compensation(ctx)
+    except WorkerSignal:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the compensation's own failure
+        raise _CompensationError(exc) from exc
+
+
+def _settle(run, cp: StepCheckpoint):
+    """An atomic compensation's transaction failed: did it commit anyway?"""
+    row = run._read(lambda: StepCheckpoint.objects.filter(task_id=run.task.pk,
+                                                          index=cp.index).first())
+    return DONE if row is not None and row.state == StepState.COMPENSATED else MISSING
+
+
+def _failed(run, cp, attempt: int, exc: BaseException, problems: list[str]) -> str:
+    error, error_type = describe(exc)
+    workflow = run.plan.workflow
+    run._emit("compensation_failed", step=cp.name, attempt=attempt, error_type=error_type)
+    if workflow.is_retryable(exc) and attempt < workflow.max_attempts:
+        delay = backoff_delay(workflow.policy, attempt)
+        run.transition("defer", reason=f"compensation of {cp.name} failed ({error}); "
+                                       f"retry in {delay:.3f}s",
+                       next_attempt_at=run.clock.now() + timedelta(seconds=delay))
+        run.report.outcome = "deferred"
+        return DEFERRED
+    if workflow.is_retryable(exc):
+        error = f"attempts exhausted ({attempt}); last error: {error}"
+    _give_up(run, cp, error, problems)
+    return DONE
+
+
+def _give_up(run, cp: StepCheckpoint, reason: str, problems: list[str]) -> None:
+    run.write([step_rows.compensation_failed(cp.index, cp.name, reason, run.clock.now())])
+    problems.append(f"{cp.name} ({reason})")
+
+
+def _end(run, problems: list[str]) -> None:
+    now, task = run.clock.now(), run.task
+    error, error_type = "", ""
+    if problems:
+        error_type = "CompensationFailed"
+        error = "steps left uncompensated: " + "; ".join(problems)
+    if task.state == TaskState.COMPENSATING:
+        if problems:
+            error = f"{task.error}; then {error}" if task.error else error
+        else:
+            error, error_type = task.error, task.error_type
+        run.transition("fail", reason=error_type or "failed", error=error, error_type=error_type,
+                       now=now, ttl=run.ttl())
+        run.report.outcome = "failed"
+        return
+    run.transition("finish_cancel", reason="in-flight work ended, compensations ran",
+                   error=error, error_type=error_type, now=now, ttl=run.ttl())
+    run.report.outcome = "cancelled"

@@ -1,11 +1,15 @@
-"""What a step sees: `ctx` (SPEC §7).
+"""What a step (or a compensation) sees: `ctx` (docs/writing-workflows.md).
 
+    ctx.task_id         the task's id (a string)
     ctx.payload         the task's payload (a dict; treat as read-only)
     ctx.outputs         {step name: output} of the steps before this one
     ctx.output          in a compensation: the output of the step it undoes
     ctx.attempt         the task's attempt number (1 on the first run)
-    ctx.step_key        "<task id>:<step name>": stable across attempts; pass it
-                        to external systems as their idempotency key
+    ctx.compensating    True inside a compensation
+    ctx.step_key        "<task id>:<step name>" for a step and
+                        "<task id>:<step name>:compensate" for its compensation:
+                        stable across attempts; pass it to external systems as
+                        their idempotency key (a refund never reuses the charge's)
     ctx.progress        what this step saved last time (None at first)
     ctx.save_progress(v)  store v for a resumed attempt (fenced)
     ctx.heartbeat()     renew the lease during long work; raises (a BaseException)
@@ -15,20 +19,22 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError
 
-from workflows.engine import checkpoints, faults
-from workflows.engine.leases import Lease, fence_check, fence_renew
-from workflows.states import TaskState
+from workflows.engine import faults
+from workflows.engine.leases import Lease, Refused, classify, lease_length
+from workflows.engine.store import store
+from workflows.observability.events import emit
 
 
 class StepContext:
     def __init__(self, *, lease: Lease, workflow: str, payload: dict, outputs: dict,
                  attempt: int, step_index: int, step_name: str, progress=None, output=None,
-                 atomic: bool = False, fence_states=(TaskState.RUNNING,)):
+                 atomic: bool = False, compensating: bool = False):
         self.task_id = str(lease.task_id)
         self.workflow = workflow
         self.payload = payload
@@ -38,32 +44,49 @@ class StepContext:
         self.step_name = step_name
         self.progress = progress
         self.output = output
+        self.compensating = compensating
         self._lease = lease
         self._atomic = atomic
-        self._fence_states = fence_states
         self._last_check = time.monotonic()
 
     @property
     def step_key(self) -> str:
-        return f"{self.task_id}:{self.step_name}"
+        key = f"{self.task_id}:{self.step_name}"
+        return f"{key}:compensate" if self.compensating else key
 
     def heartbeat(self, *, force: bool = False) -> None:
         """Renew the lease (at most every PILOT_HEARTBEAT_SECONDS unless `force`).
 
-        Inside an atomic step the lease cannot be renewed (the write would only
+        Inside an atomic body the lease cannot be renewed (the write would only
         commit with the step); the fence is still checked, so a cancel or a lost
-        lease stops the step and rolls its writes back."""
+        lease stops the step and rolls its writes back.
+
+        A database error here (a restart, SQLite's single writer busy with
+        another task's atomic step) is not the step's failure: the heartbeat is
+        skipped and the lease, renewed a few heartbeats ago, still holds. Only a
+        refusal — the token is no longer ours — stops the step."""
         if self._atomic:
             now = time.monotonic()
             if force or now - self._last_check >= settings.PILOT_HEARTBEAT_SECONDS:
                 self._last_check = now
-                fence_check(self._lease, states=self._fence_states)
+                self._fenced(lambda: store().check(self._lease))
             return
         if not force and not self._lease.clock.due():
             return
-        with transaction.atomic():
-            fence_renew(self._lease, states=self._fence_states)
-            faults.fault_point("during_lease_renewal")
+        faults.fault_point("during_lease_renewal")
+        self._fenced(lambda: store().renew(self._lease, lease_length=lease_length()))
+
+    def _fenced(self, write) -> None:
+        try:
+            write()
+        except Refused as refused:
+            raise classify(refused) from None
+        except DatabaseError as exc:
+            if self._atomic:
+                raise  # inside the step's transaction: it is lost anyway
+            emit("heartbeat_skipped", level=logging.WARNING, task_id=self.task_id,
+                 workflow=self.workflow, step=self.step_name,
+                 error=f"{type(exc).__name__}: {exc}"[:300])
 
     def sleep(self, seconds: float) -> None:
         """Sleep, heartbeating, so a cancel is noticed within a heartbeat interval."""
@@ -79,6 +102,8 @@ class StepContext:
         if self._atomic:
             raise RuntimeError("an atomic step commits all or nothing; it has no progress "
                                "to save")
-        checkpoints.step_progress_save(self._lease, index=self.step_index, name=self.step_name,
-                                       progress=progress)
+        try:
+            store().save_progress(self._lease, index=self.step_index, progress=progress)
+        except Refused as refused:
+            raise classify(refused) from None
         self.progress = progress

@@ -1,91 +1,92 @@
-"""The dispatcher: the loop that keeps every task moving (SPEC §7).
+"""The dispatcher: the loop that keeps every task moving (docs/design.md, "Dispatcher").
 
-One pass (`dispatch_once`) does four things, each as short transactions that
-scan with SELECT … FOR UPDATE SKIP LOCKED, so any number of dispatchers on any
-number of machines can run at once without doing anything twice:
+One pass (`dispatch_once`) reads the database's clock once and then:
 
-1. recover expired leases: a `running` task whose worker stopped heartbeating
-   goes `retrying` through `recover` (the lost attempt counts), or `failed`
-   when it has no attempts left — so a task that kills its worker every time
-   ends failed instead of looping;
-2. enqueue due retries (`retrying` with next_attempt_at passed and no message
-   sent since the retry was scheduled);
-3. finish `cancelling` tasks nobody holds: enqueue them for a worker to run
-   their compensations, or, with nothing to compensate, finish the cancel here;
-4. re-enqueue `pending` tasks left unclaimed for PILOT_REENQUEUE_SECONDS (their
-   message may be lost; if it was only slow, the duplicate is a no-op).
+1. recovers expired leases of `running` tasks: `recover` (→ retrying, the lost
+   attempt counts) while attempts remain; with none left — a poison task that
+   kills its worker every time — `compensate` (→ compensating, for a worker to
+   undo its succeeded steps) when something is owed, else `fail`;
+2. enqueues work that is due: retries whose backoff elapsed, and compensation
+   phases (compensating / cancelling) nobody holds — orphaned by a dead
+   worker, deferred by a compensation's backoff, or cancelled while waiting;
+   a `cancelling` task with nothing to compensate is finished here;
+3. re-enqueues `pending` tasks left unclaimed for PILOT_REENQUEUE_SECONDS
+   (their message may be lost; if it was only slow, the duplicate is a no-op).
 
-Its messages go to the front of a Redis queue: work already under way should
-not wait behind a backlog of new triggers.
+Each scan is one short transaction over SELECT … FOR UPDATE SKIP LOCKED, so
+any number of dispatchers on any number of machines can run at once without
+doing anything twice. Each row is handled in its own savepoint: a failure on
+one task is logged, counted (`pilot_dispatcher_errors_total`) and skipped —
+never a reason to stop scanning the others. It never runs workflow code: what
+is owed is read from the checkpoints (`compensable`).
 
-`enqueued_at` is when the task's outstanding message was sent, NULL when none
-is outstanding (a claim consumes it; schedule_retry and recover clear it), so
-"needs a message" is `enqueued_at IS NULL OR enqueued_at < now - 10 s` for
-every scan, whatever the clocks of the machines that wrote it.
-
-It never runs workflow code. Each scan uses a partial index over unfinished
-tasks only, so an idle pass costs five index probes however many finished
-tasks the table holds.
+`enqueued_at` is when the task's outstanding message was sent (database
+time), NULL when none is outstanding (a claim consumes it), so "needs a
+message" is `enqueued_at IS NULL OR enqueued_at < now - 10 s`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Min, Q
-from django.utils import timezone
 
 from workflows.backoff import backoff_delay
-from workflows.engine.audit import transition_apply
-from workflows.engine.compensation import needs_compensation
 from workflows.engine.enqueue import enqueue_on_commit
 from workflows.engine.leases import worker_id
-from workflows.models import Task
+from workflows.engine.plans import owed_compensations
+from workflows.engine.store import store
+from workflows.models import StepCheckpoint, Task
 from workflows.observability.events import emit, emit_on_commit
-from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, registry
-from workflows.states import TaskState
+from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, RetryPolicy, registry
+from workflows.states import COMPENSATION_STATES, StepState, TaskState
 
 BATCH = 200
+_DEFAULT_POLICY = RetryPolicy(max_attempts=1, initial=1.0, factor=2.0, max_delay=300.0)
 
 
 @dataclasses.dataclass
 class DispatchReport:
     recovered: int = 0
     failed: int = 0
+    compensations_started: int = 0
     retries_enqueued: int = 0
-    cancels_enqueued: int = 0
+    compensations_enqueued: int = 0
     cancels_finished: int = 0
     reenqueued: int = 0
+    errors: int = 0
+    db_now: datetime | None = None
     next_due: datetime | None = None
     full: bool = False  # some scan hit its batch limit: run again at once
 
     @property
     def actions(self) -> int:
-        return (self.recovered + self.failed + self.retries_enqueued + self.cancels_enqueued
-                + self.cancels_finished + self.reenqueued)
+        return (self.recovered + self.failed + self.compensations_started
+                + self.retries_enqueued + self.compensations_enqueued + self.cancels_finished
+                + self.reenqueued)
 
     def as_dict(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items()
-                if k not in ("next_due", "full")}
+                if k not in ("db_now", "next_due", "full")}
 
 
-def dispatch_once(*, now: datetime | None = None, batch: int = BATCH,
-                  actor: str | None = None) -> DispatchReport:
-    """One pass of the four scans above; returns what it did."""
-    now = now or timezone.now()
+def dispatch_once(*, batch: int = BATCH, actor: str | None = None) -> DispatchReport:
+    """One pass of the three scans above; returns what it did."""
     actor = actor or f"dispatcher:{worker_id()}"
-    report = DispatchReport()
+    now = store().db_now()
+    report = DispatchReport(db_now=now)
     _recover_expired_leases(now, batch, actor, report)
-    _enqueue_due_retries(now, batch, report)
-    _settle_orphaned_cancels(now, batch, actor, report)
+    _enqueue_due(now, batch, actor, report)
     _reenqueue_lost(now, batch, report)
-    report.next_due = (Task.objects.filter(state=TaskState.RETRYING, next_attempt_at__gt=now)
+    report.next_due = (Task.objects.filter(state__in=[TaskState.RETRYING, *COMPENSATION_STATES],
+                                           next_attempt_at__gt=now)
                        .aggregate(m=Min("next_attempt_at"))["m"])
     for action, count in report.as_dict().items():
-        if count:
+        if count and action != "errors":
             emit("dispatcher_action", action=action, count=count)
     return report
 
@@ -96,80 +97,111 @@ def _locked(qs, batch: int, report: DispatchReport) -> list[Task]:
     return rows
 
 
+def _each(tasks: list[Task], report: DispatchReport, handle) -> None:
+    """`handle(task)` per row, each in its own savepoint: one row's failure is
+    logged, counted and rolled back alone."""
+    for task in tasks:
+        try:
+            with transaction.atomic():
+                handle(task)
+        except Exception as exc:  # noqa: BLE001 - isolation: the next row still gets its turn
+            report.errors += 1
+            emit("dispatcher_error", level=logging.ERROR, task_id=str(task.pk),
+                 workflow=task.workflow, error=f"{type(exc).__name__}: {exc}"[:300])
+
+
+def _policy_and_ttl(task: Task) -> tuple[RetryPolicy, timedelta]:
+    workflow = registry.find(task.workflow)
+    if workflow is None:
+        return _DEFAULT_POLICY, DEFAULT_IDEMPOTENCY_TTL
+    return workflow.policy, workflow.idempotency_ttl
+
+
 def _recover_expired_leases(now, batch, actor, report) -> None:
     with transaction.atomic():
-        for task in _locked(Task.objects.filter(state=TaskState.RUNNING,
-                                                lease_expires_at__lt=now), batch, report):
-            workflow = registry.find(task.workflow)
-            reason = f"lease held by {task.lease_owner or '?'} expired at " \
-                     f"{task.lease_expires_at.isoformat()}"
-            if task.attempts < task.max_attempts and workflow is not None:
-                delay = backoff_delay(workflow.policy, task.attempts)
-                transition_apply(task, "recover", actor=actor, reason=reason,
-                                 next_attempt_at=now + timedelta(seconds=delay))
-                emit_on_commit("task_recovered", task_id=str(task.pk), workflow=task.workflow,
-                               attempt=task.attempts, to_state=task.state,
-                               trace_id=task.trace_id or None)
+        tasks = _locked(Task.objects.filter(state=TaskState.RUNNING, lease_expires_at__lt=now),
+                        batch, report)
+        owed = owed_compensations([t.pk for t in tasks]) if tasks else {}
+
+        def recover(task: Task) -> None:
+            policy, ttl = _policy_and_ttl(task)
+            reason = (f"lease held by {task.lease_owner or '?'} expired at "
+                      f"{task.lease_expires_at.isoformat()}")
+            if task.attempts < task.max_attempts:
+                delay = backoff_delay(policy, task.attempts)
+                store().transition(task, "recover", at=now, actor=actor, reason=reason,
+                                   next_attempt_at=now + timedelta(seconds=delay))
                 report.recovered += 1
-                continue
-            plan = workflow.steps_for(task.payload) if workflow else []
-            unfinished = (" Compensations were not run (the worker died on every attempt): "
-                          "undo the succeeded steps by hand or retry the task."
-                          if needs_compensation(task, plan) else "")
-            transition_apply(
-                task, "fail", actor=actor, reason=reason,
-                error=f"worker lost on attempt {task.attempts} of {task.max_attempts}: lease "
-                      f"expired with no attempts left.{unfinished}",
-                error_type="LeaseExpired", now=now,
-                ttl=workflow.idempotency_ttl if workflow else DEFAULT_IDEMPOTENCY_TTL)
+            elif owed.get(task.pk):
+                error = (f"worker lost on attempt {task.attempts} of {task.max_attempts}: lease "
+                         "expired with no attempts left; compensating "
+                         + ", ".join(owed[task.pk]))
+                store().transition(task, "compensate", at=now, actor=actor, reason=reason,
+                                   error=error, error_type="LeaseExpired",
+                                   set_fields={"enqueued_at": now})
+                enqueue_on_commit([task.pk], front=True)
+                report.compensations_started += 1
+            else:
+                store().transition(
+                    task, "fail", at=now, actor=actor, reason=reason,
+                    error=f"worker lost on attempt {task.attempts} of {task.max_attempts}: "
+                          "lease expired with no attempts left",
+                    error_type="LeaseExpired", now=now, ttl=ttl)
+                report.failed += 1
             emit_on_commit("task_recovered", task_id=str(task.pk), workflow=task.workflow,
                            attempt=task.attempts, to_state=task.state,
                            trace_id=task.trace_id or None)
-            report.failed += 1
+
+        _each(tasks, report, recover)
 
 
 def _stale(now) -> datetime:
     return now - timedelta(seconds=settings.PILOT_REENQUEUE_SECONDS)
 
 
-def _enqueue_due_retries(now, batch, report) -> None:
-    with transaction.atomic():
-        due = Task.objects.due_retries(now).filter(
-            Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=_stale(now)))
-        ids = [t.pk for t in _locked(due.only("pk"), batch, report)]
-        if ids:
-            Task.objects.filter(pk__in=ids).update(enqueued_at=now)
-            enqueue_on_commit(ids, front=True)
-    report.retries_enqueued += len(ids)
+def _needs_message(now) -> Q:
+    return Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=_stale(now))
 
 
-def _settle_orphaned_cancels(now, batch, actor, report) -> None:
+def _enqueue_due(now, batch, actor, report) -> None:
+    due_retry = Q(state=TaskState.RETRYING, next_attempt_at__lte=now)
+    orphaned_phase = (Q(state__in=COMPENSATION_STATES)
+                      & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+                      & (Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)))
     with transaction.atomic():
-        orphaned = Task.objects.filter(
-            Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
-            state=TaskState.CANCELLING,
-        ).filter(Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=_stale(now)))
-        to_enqueue = []
-        for task in _locked(orphaned, batch, report):
-            workflow = registry.find(task.workflow)
-            plan = workflow.steps_for(task.payload) if workflow else []
-            if needs_compensation(task, plan):
-                to_enqueue.append(task.pk)
-                continue
-            transition_apply(task, "finish_cancel", actor=actor,
-                             reason="its worker is gone and nothing needs compensating",
-                             now=now, ttl=workflow.idempotency_ttl if workflow
-                             else DEFAULT_IDEMPOTENCY_TTL)
-            report.cancels_finished += 1
+        tasks = _locked(Task.objects.filter(due_retry | orphaned_phase)
+                        .filter(_needs_message(now)), batch, report)
+        cancelling = [t.pk for t in tasks if t.state == TaskState.CANCELLING]
+        owed = owed_compensations(cancelling) if cancelling else {}
+        to_enqueue: list = []
+
+        def settle(task: Task) -> None:
+            if task.state == TaskState.CANCELLING and not owed.get(task.pk):
+                _, ttl = _policy_and_ttl(task)
+                StepCheckpoint.objects.filter(task_id=task.pk, state=StepState.RUNNING).update(
+                    state=StepState.FAILED, error="interrupted: its worker was lost during "
+                                                  "the cancel", finished_at=now)
+                store().transition(task, "finish_cancel", at=now, actor=actor,
+                                   reason="its worker is gone and nothing needs compensating",
+                                   now=now, ttl=ttl)
+                report.cancels_finished += 1
+                return
+            to_enqueue.append(task.pk)
+            if task.state == TaskState.RETRYING:
+                report.retries_enqueued += 1
+            else:
+                report.compensations_enqueued += 1
+
+        _each(tasks, report, settle)
         if to_enqueue:
             Task.objects.filter(pk__in=to_enqueue).update(enqueued_at=now)
             enqueue_on_commit(to_enqueue, front=True)
-    report.cancels_enqueued += len(to_enqueue)
 
 
 def _reenqueue_lost(now, batch, report) -> None:
     with transaction.atomic():
-        ids = [t.pk for t in _locked(Task.objects.unclaimed_since(_stale(now)).only("pk"),
+        ids = [t.pk for t in _locked(Task.objects.filter(_needs_message(now),
+                                                         state=TaskState.PENDING).only("pk"),
                                      batch, report)]
         if ids:
             Task.objects.filter(pk__in=ids).update(enqueued_at=now)

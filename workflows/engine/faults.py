@@ -1,11 +1,14 @@
 """Named fault points: places where a crash is most interesting.
 
 In production `fault_point(name)` does nothing. Tests arm a point to open a
-crash window deterministically:
+crash window deterministically (or `on(name, hook)` to run something there,
+once: another actor's move between two of the worker's writes):
 
 - in-process: `with faults.armed("after_step_body"): ...` raises SimulatedCrash
   there (a BaseException, so no engine code handles it — like a dead process,
-  only the open transaction's rollback happens);
+  only the open transaction's rollback happens); `armed(name, error=exc)`
+  raises `exc` instead (e.g. an OperationalError after a COMMIT went through:
+  a lost reply);
 - in a real worker process: PILOT_FAULTS="after_step_body=exit" makes the
   process `os._exit(137)` there. Nothing sets PILOT_FAULTS in production; the
   check costs one dictionary lookup.
@@ -20,7 +23,9 @@ POINTS = (
     "after_claim",          # claim committed, no step started
     "after_step_body",      # a step's body returned, its checkpoint not yet written
     "after_checkpoint",     # checkpoint committed, the next step not started
-    "during_lease_renewal",  # heartbeat UPDATE sent, not yet committed
+    "after_atomic_commit",  # an atomic step's (or compensation's) transaction committed
+    "after_compensation_body",  # a plain compensation returned, not yet recorded
+    "during_lease_renewal",  # a heartbeat is due, the renewal not yet sent
     "before_ack",           # task finished and committed, message not yet acknowledged
 )
 
@@ -29,7 +34,8 @@ class SimulatedCrash(BaseException):
     pass
 
 
-_armed: dict[str, list[int]] = {}  # name -> [passes to let through, crashes left]
+_armed: dict[str, list] = {}  # name -> [passes to let through, crashes left, error]
+_hooks: dict[str, list] = {}  # name -> [callbacks], run (once each) when the point is reached
 
 
 def _from_env() -> dict[str, str]:
@@ -38,6 +44,9 @@ def _from_env() -> dict[str, str]:
 
 
 def fault_point(name: str) -> None:
+    if name in _hooks:
+        for hook in _hooks.pop(name):
+            hook()
     if name in _armed:
         state = _armed[name]
         if state[0] > 0:
@@ -46,19 +55,33 @@ def fault_point(name: str) -> None:
         state[1] -= 1
         if state[1] <= 0:
             del _armed[name]
-        raise SimulatedCrash(name)
+        raise state[2] if state[2] is not None else SimulatedCrash(name)
     if os.environ.get("PILOT_FAULTS") and _from_env().get(name) == "exit":
         os._exit(137)
 
 
 @contextlib.contextmanager
-def armed(name: str, *, skip: int = 0, times: int = 1):
+def armed(name: str, *, skip: int = 0, times: int = 1, error: BaseException | None = None):
     """Let `skip` passes through `name` go by, then crash the next `times`
-    (in this process)."""
+    (in this process) — or raise `error` there instead."""
     if name not in POINTS:
         raise ValueError(f"unknown fault point {name!r}")
-    _armed[name] = [skip, times]
+    _armed[name] = [skip, times, error]
     try:
         yield
     finally:
         _armed.pop(name, None)
+
+
+@contextlib.contextmanager
+def on(name: str, hook):
+    """Call `hook()` the next time this process reaches point `name` — to open
+    an interleaving deterministically (e.g. an operator's cancel right after a
+    claim)."""
+    if name not in POINTS:
+        raise ValueError(f"unknown fault point {name!r}")
+    _hooks.setdefault(name, []).append(hook)
+    try:
+        yield
+    finally:
+        _hooks.pop(name, None)

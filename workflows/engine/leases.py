@@ -1,19 +1,25 @@
-"""Leases and fencing (SPEC §7, STYLE practice 4).
+"""Leases, the fence and the database's clock (docs/design.md, "Fencing", "Time").
 
-A claim gives the worker a `Lease`: the task id and the lease token the claim
-set. Every write the worker makes afterwards is conditional on that token and
-on the task's state, so a worker that lost the task — its lease expired and
-another worker claimed it, or an operator cancelled it — has its writes
-refused instead of clobbering someone else's run:
+A claim gives the worker a `Lease`: the task id and the exact `lease_token`
+its claim wrote. The token is the task's version — every transition
+increments it — so "the task is still mine" is one predicate, `id = ? AND
+lease_token = ?`, and the store is the only code that evaluates it
+(`store.write_steps`, `renew`, `check`, `save_progress`, and every transition
+the worker applies). A write that finds another token raises `Refused`;
+`classify` turns that into what the worker does next:
 
-- `fence_renew(lease)`: one conditional UPDATE that also extends the lease;
-  inside a transaction it holds the task's row lock until commit, so what the
-  caller writes next commits only if the fence held.
-- `fence_lock(lease)`: SELECT … FOR UPDATE of the task under the same
-  condition, for writes that apply a transition.
+- `CancelRequested` when the only change since the worker's claim is an
+  operator's cancel of that very run (state `cancelling`, token = ours + 1):
+  the worker may take the compensation phase over (`store.resume`) and run
+  it under a new token;
+- `LeaseLost` for anything else (a recover, a take-over, a retry, an end):
+  the worker stops touching the task.
 
-Both raise CancelRequested when the token is still ours but the task is
-`cancelling`, and LeaseLost otherwise.
+Times: the worker never compares its own clock with anyone's. The claim
+returns the database's time; `DbClock` continues it with the worker's
+monotonic clock, so the timestamps a worker writes are database time, and
+every comparison that decides something (due, expired, stale) is made in SQL
+against the database's clock.
 """
 
 from __future__ import annotations
@@ -22,14 +28,24 @@ import dataclasses
 import os
 import socket
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.utils import timezone
 
 from workflows.errors import CancelRequested, LeaseLost
-from workflows.models import Task
 from workflows.states import TaskState
+
+
+class DbClock:
+    """The database's clock as seen from this process: a time the database gave
+    (`anchor`), advanced by this process's monotonic clock since it was read."""
+
+    def __init__(self, anchor: datetime):
+        self.anchor = anchor
+        self._at = time.monotonic()
+
+    def now(self) -> datetime:
+        return self.anchor + timedelta(seconds=time.monotonic() - self._at)
 
 
 class LeaseClock:
@@ -56,50 +72,36 @@ class Lease:
     clock: LeaseClock = dataclasses.field(default_factory=LeaseClock, compare=False,
                                           repr=False)
 
+    def advanced(self, token: int) -> Lease:
+        """The same worker's lease after a transition it applied itself (which
+        moved the token on); the renewal clock carries over."""
+        return dataclasses.replace(self, token=token)
+
+
+class Refused(Exception):  # noqa: N818 - a refusal, not an error
+    """A fenced write matched nothing: the task's (state, token) now, or
+    (None, None) when the task is gone."""
+
+    def __init__(self, lease: Lease, state: str | None, token: int | None):
+        self.lease, self.state, self.token = lease, state, token
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        now = f"now {self.state}, token {self.token}" if self.state else "deleted"
+        return f"task {self.lease.task_id}: lease {self.lease.token} is no longer held ({now})"
+
+
+def classify(refused: Refused) -> CancelRequested | LeaseLost:
+    """The worker signal a refusal means (module docstring)."""
+    lease = refused.lease
+    if refused.state == TaskState.CANCELLING and refused.token == lease.token + 1:
+        return CancelRequested(f"task {lease.task_id} was cancelled while it ran")
+    return LeaseLost(str(refused))
+
 
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def lease_expiry(now=None):
-    return (now or timezone.now()) + timedelta(seconds=settings.PILOT_LEASE_SECONDS)
-
-
-def raise_lease_refusal(lease: Lease) -> None:
-    """A fenced write matched nothing: say why, as the exception the worker acts on."""
-    row = Task.objects.filter(pk=lease.task_id).values("state", "lease_token").first()
-    if row and row["lease_token"] == lease.token and row["state"] == TaskState.CANCELLING:
-        raise CancelRequested(f"task {lease.task_id} is being cancelled")
-    raise LeaseLost(f"task {lease.task_id}: lease {lease.token} is no longer held "
-                    f"(now {row['state'] if row else 'deleted'}, "
-                    f"token {row['lease_token'] if row else '-'})")
-
-
-def fence_renew(lease: Lease, *, states=(TaskState.RUNNING,)) -> None:
-    """Extend the lease if the task is still ours and in `states`; raise otherwise.
-
-    One statement. Inside transaction.atomic() it keeps the task row locked
-    until commit (lock order: task before steps)."""
-    now = timezone.now()
-    renewed = Task.objects.filter(pk=lease.task_id, lease_token=lease.token,
-                                  state__in=states).update(lease_expires_at=lease_expiry(now))
-    if renewed != 1:
-        raise_lease_refusal(lease)
-    lease.clock.mark()
-
-
-def fence_check(lease: Lease, *, states=(TaskState.RUNNING,)) -> None:
-    """Read-only fence: raise unless the task is still ours and in `states`."""
-    if not Task.objects.filter(pk=lease.task_id, lease_token=lease.token,
-                               state__in=states).exists():
-        raise_lease_refusal(lease)
-
-
-def fence_lock(lease: Lease, *, states=(TaskState.RUNNING,)) -> Task:
-    """The task, locked FOR UPDATE, if still ours and in `states`; raise otherwise.
-    Call inside transaction.atomic()."""
-    task = (Task.objects.select_for_update()
-            .filter(pk=lease.task_id, lease_token=lease.token, state__in=states).first())
-    if task is None:
-        raise_lease_refusal(lease)
-    return task
+def lease_length() -> timedelta:
+    return timedelta(seconds=settings.PILOT_LEASE_SECONDS)

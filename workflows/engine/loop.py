@@ -7,7 +7,6 @@ import threading
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections
-from django.utils import timezone
 
 from workflows.engine.dispatcher import dispatch_once
 from workflows.observability.events import emit
@@ -18,9 +17,10 @@ log = logging.getLogger("pilot.dispatcher")
 def dispatcher_loop(stop: threading.Event, *, poll: float | None = None,
                     max_passes: int | None = None) -> int:
     """Run passes until `stop` is set (or `max_passes` ran). Sleeps `poll`
-    seconds when idle, less when a retry falls due sooner, not at all when a
-    scan was full. Survives a database outage: logs, backs off, reconnects.
-    Returns the number of passes."""
+    seconds when idle, less when a retry falls due sooner (both times are the
+    database's), not at all when a scan was full. Survives anything a pass
+    raises — a database outage (logs, backs off, reconnects) or a bug — so one
+    bad pass never stops recovery for every task. Returns the number of passes."""
     poll = settings.PILOT_DISPATCHER_POLL_SECONDS if poll is None else poll
     passes, outage_wait = 0, poll
     emit("dispatcher_started", poll_seconds=poll)
@@ -35,12 +35,19 @@ def dispatcher_loop(stop: threading.Event, *, poll: float | None = None,
             stop.wait(outage_wait)
             outage_wait = min(outage_wait * 2, 10.0)
             continue
+        except Exception as exc:  # noqa: BLE001 - the loop outlives any one pass
+            log.exception("dispatcher pass failed")
+            emit("dispatcher_error", level=logging.ERROR,
+                 error=f"{type(exc).__name__}: {exc}"[:300])
+            stop.wait(outage_wait)
+            outage_wait = min(outage_wait * 2, 10.0)
+            continue
         passes += 1
         if report.full:
             continue
         wait = poll
         if report.next_due is not None:
-            wait = min(wait, max(0.0, (report.next_due - timezone.now()).total_seconds()))
+            wait = min(wait, max(0.0, (report.next_due - report.db_now).total_seconds()))
         stop.wait(wait)
     emit("dispatcher_stopped", passes=passes)
     return passes

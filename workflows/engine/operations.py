@@ -1,9 +1,11 @@
-"""Operator and owner actions on one task: cancel and retry (SPEC §5, §7).
+"""Operator and owner actions on one task: cancel and retry (docs/design.md).
 
-Each call is one short transaction on one locked row: authorise, check the
-edge is legal, apply the transition, audit, enqueue if there is work to do.
-The API, the admin (one call per task in a bulk action) and commands all come
-here.
+Each call is one short transaction on one locked row: authorise, decide with
+the same plan the console shows as its dry run (`plans.cancel_plan`,
+`plans.retry_plan`), apply the transition (which moves the task's token on,
+fencing out whichever worker held it), audit, enqueue if there is work to do.
+The API, the admin (one call per task in a bulk action) and commands all
+come here.
 
 Authorisation: the transition's permission (`workflows.cancel_task`,
 `workflows.retry_task`) always suffices; the task's owner may act on their own
@@ -15,18 +17,18 @@ may not even see the task gets TaskNotFound, never a hint that it exists.
 from __future__ import annotations
 
 from django.db import transaction
-from django.utils import timezone
-from django_fsm import can_proceed
+from django.db.models.functions import Now
 
-from workflows.engine.audit import actor_for, transition_apply
-from workflows.engine.compensation import needs_compensation
+from workflows.engine.audit import actor_for
 from workflows.engine.enqueue import enqueue_on_commit
-from workflows.errors import InvalidTransition, PermissionDenied, TaskNotFound, UnknownWorkflow
+from workflows.engine.plans import cancel_plan, owed_compensations, retry_plan
+from workflows.engine.store import store
+from workflows.errors import InvalidTransition, PermissionDenied, TaskNotFound
 from workflows.models import StepCheckpoint, Task
 from workflows.observability.events import emit_on_commit
 from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, registry
 from workflows.selectors import can_view_all
-from workflows.states import StepState, TaskState
+from workflows.states import StepState
 
 
 def transition_permission(name: str) -> str:
@@ -35,9 +37,15 @@ def transition_permission(name: str) -> str:
     return next(iter(meta.transitions.values())).permission
 
 
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def _lock_for(user, task_id, *, owner_may: bool, action: str) -> Task:
-    """Lock the task and authorise `user` for `action`, or raise."""
-    task = Task.objects.select_for_update().filter(pk=task_id).first()
+    """Lock the task (with the database's time) and authorise `user` for
+    `action`, or raise."""
+    task = (Task.objects.select_for_update().annotate(pilot_db_now=Now())
+            .filter(pk=task_id).first())
     is_owner = task is not None and user is not None and task.owner_id == user.pk
     if task is None or not (is_owner or can_view_all(user)):
         raise TaskNotFound("No such task")
@@ -48,28 +56,29 @@ def _lock_for(user, task_id, *, owner_may: bool, action: str) -> Task:
 
 
 def task_cancel(*, task_id, user, reason: str = "", owner_may: bool = True) -> Task:
-    """Cancel a task (SPEC §7). pending/retrying with nothing to compensate →
-    `cancelled` at once; running → `cancelling` (its worker stops at the next
-    step boundary or heartbeat, compensates and finishes the cancel);
+    """Cancel a task. pending/retrying with nothing to compensate → `cancelled`
+    at once; running → `cancelling` (its worker notices at its next write or
+    heartbeat, takes the compensations over and finishes the cancel);
     pending/retrying with succeeded steps to compensate → `cancelling` and
     enqueued so a worker runs the compensations.
 
-    Raises TaskNotFound, PermissionDenied, InvalidTransition (already finished
-    or cancelling). A second cancel is therefore an InvalidTransition."""
-    now = timezone.now()
+    Raises TaskNotFound, PermissionDenied, InvalidTransition (finished,
+    cancelling, or compensating — already undoing its work). A second cancel
+    is therefore an InvalidTransition."""
     with transaction.atomic():
         task = _lock_for(user, task_id, owner_may=owner_may, action="cancel")
-        if not can_proceed(task.cancel):
-            raise InvalidTransition(f"A {task.state} task cannot be cancelled")
+        now = task.pilot_db_now
+        plan = cancel_plan(task, owed_compensations([task.pk]).get(task.pk, []))
+        if not plan.allowed:
+            raise InvalidTransition(_sentence(plan.summary))
         workflow = registry.find(task.workflow)
-        plan = workflow.steps_for(task.payload) if workflow else []
-        compensate = task.state != TaskState.RUNNING and needs_compensation(task, plan)
-        enqueue = compensate
-        transition_apply(task, "cancel", actor=actor_for(user), reason=reason,
-                         needs_compensation=compensate, now=now,
-                         ttl=workflow.idempotency_ttl if workflow else DEFAULT_IDEMPOTENCY_TTL,
-                         set_fields={"enqueued_at": now} if enqueue else None)
-        if enqueue:
+        store().transition(task, "cancel", at=now, actor=actor_for(user),
+                           reason=reason or plan.summary,
+                           needs_compensation=plan.compensate,
+                           now=now,
+                           ttl=workflow.idempotency_ttl if workflow else DEFAULT_IDEMPOTENCY_TTL,
+                           set_fields={"enqueued_at": now} if plan.enqueue else None)
+        if plan.enqueue:
             enqueue_on_commit([task.pk])
         emit_on_commit("task_cancel_requested", task_id=str(task.pk), workflow=task.workflow,
                        attempt=task.attempts, to_state=task.state, actor=actor_for(user),
@@ -80,30 +89,37 @@ def task_cancel(*, task_id, user, reason: str = "", owner_may: bool = True) -> T
 def task_retry(*, task_id, user, from_start: bool = False, reason: str = "",
                owner_may: bool = True) -> Task:
     """Send a failed or cancelled task back to `pending` with a fresh budget of
-    attempts and enqueue it. It resumes from its checkpoints, or with
-    `from_start` every step runs again (checkpoints reset to pending).
+    attempts and enqueue it (`plans.retry_plan` says which steps run again).
 
     Raises TaskNotFound, PermissionDenied, InvalidTransition (not failed or
     cancelled, or its workflow is no longer registered)."""
-    now = timezone.now()
     with transaction.atomic():
         task = _lock_for(user, task_id, owner_may=owner_may, action="retry")
-        if not can_proceed(task.retry):
-            raise InvalidTransition(f"A {task.state} task cannot be retried; only failed and "
-                                    "cancelled tasks can")
-        try:
-            workflow = registry.get(task.workflow)
-        except UnknownWorkflow:
-            raise InvalidTransition(
-                f"Workflow {task.workflow!r} is no longer registered; the task cannot run"
-            ) from None
-        if from_start:
-            StepCheckpoint.objects.filter(task_id=task.pk).update(
-                state=StepState.PENDING, output=None, progress=None, error="",
-                started_at=None, finished_at=None)
-        transition_apply(task, "retry", actor=actor_for(user),
-                         reason=reason or ("retry from the first step" if from_start
-                                           else "retry from the last checkpoint"),
-                         budget=workflow.max_attempts, set_fields={"enqueued_at": now})
+        task_restart(task, actor=actor_for(user), from_start=from_start, reason=reason)
         enqueue_on_commit([task.pk])
     return task
+
+
+def task_restart(task: Task, *, actor: str, from_start: bool = False, reason: str = "") -> None:
+    """Apply `retry` to `task`, which the caller holds locked (FOR UPDATE) and
+    read with the database's time (`pilot_db_now`): reset the steps the plan
+    names, move the task back to pending (enqueued_at stamped; the caller
+    enqueues it). Raises InvalidTransition when the plan refuses."""
+    steps = list(StepCheckpoint.objects.filter(task_id=task.pk))
+    plan = retry_plan(task, steps, from_start=from_start)
+    if not plan.allowed:
+        raise InvalidTransition(_sentence(plan.summary))
+    if plan.reset_to_pending:
+        StepCheckpoint.objects.filter(task_id=task.pk, index__in=plan.reset_to_pending).update(
+            state=StepState.PENDING, output=None, progress=None, error="", compensable=False,
+            compensation_attempts=0, started_at=None, finished_at=None)
+    if plan.keep_as_done:
+        StepCheckpoint.objects.filter(task_id=task.pk, index__in=plan.keep_as_done).update(
+            state=StepState.SUCCEEDED, compensation_attempts=0)
+    now = task.pilot_db_now
+    store().transition(task, "retry", at=now, actor=actor,
+                       reason=reason or plan.summary, budget=plan.budget,
+                       set_fields={"enqueued_at": now})
+
+
+__all__ = ["task_cancel", "task_restart", "task_retry", "transition_permission"]

@@ -1,13 +1,33 @@
-"""Running a claimed task: steps in order, checkpoints, retries, failure,
-cancel and compensation (SPEC §7).
+"""Running a task: one delivery's whole story (docs/design.md, "Execution").
 
-`task_run(task_id=...)` is the whole story for one delivery: claim (or return
-"skipped"), run the steps that have no succeeded checkpoint, and end the
-attempt with exactly one of: succeed, schedule_retry, fail, finish_cancel — or
-stop silently when the lease was lost (someone else owns the task now).
+    claim it (pending, or retrying and due → running); or take its compensation
+      phase over (compensating / cancelling with no live lease); or "skipped"
+    build the plan once
+    forward, for each step without a succeeded checkpoint:
+      mark it running — a fenced write, so a cancel that landed since the
+        claim stops the run before the step starts
+      run the body; record its success with the next step's start (one write
+        per boundary; the last step's success with the task's)
+    a step error → schedule_retry while attempts remain; otherwise fail —
+      through the durable compensation phase (`compensate`) when succeeded
+      steps have compensations (compensation.py)
+    a cancel noticed (a write refused because the task is `cancelling` at our
+      token + 1) → take the phase over under a new token (`resume`), record
+      the step in flight, compensate, finish the cancel
+    any other refusal → the lease is lost: stop, writing nothing more
 
-No row lock is held across a step body, except the database-only body of an
-atomic step, which runs inside its own fenced transaction by design.
+Every write names the lease token this run holds (the store fences it).
+After an error at an atomic step's COMMIT the run re-reads before deciding
+(the reply may be lost while the commit happened); a write that cannot reach
+the database is retried briefly and otherwise abandoned ("interrupted": the
+lease runs out and the dispatcher recovers the task, as after a crash).
+
+`task_run` never raises (worker isolation): django-q2 catches only Exception,
+and a control-flow signal escaping it would kill the worker process.
+
+The run is a generator of the points just after each durable write
+(`Run.steps()`), so a test can interleave several workers, cancels, crashes
+and dispatcher passes exactly there; `task_run` drives it to the end.
 """
 
 from __future__ import annotations
@@ -15,251 +35,474 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
-from django.db import transaction
-from django.utils import timezone
+from django.db import InterfaceError, OperationalError, connection
 from django_fsm import ConcurrentTransition
 
 from workflows.backoff import backoff_delay
-from workflows.engine import checkpoints, faults
-from workflows.engine.audit import transition_apply
-from workflows.engine.claims import COMPENSATE, Claim, task_claim
-from workflows.engine.compensation import compensate
+from workflows.engine import faults
 from workflows.engine.context import StepContext
-from workflows.engine.leases import fence_lock, raise_lease_refusal, worker_id
-from workflows.errors import CancelRequested, LeaseLost, PilotError, WorkflowChanged
-from workflows.observability.events import emit, log_context
-from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, Step, Workflow, registry
-from workflows.states import StepState, TaskState
+from workflows.engine.leases import (
+    DbClock,
+    Lease,
+    Refused,
+    classify,
+    lease_length,
+    worker_id,
+)
+from workflows.engine.plans import Plan, PlanUnavailable, owed_compensations
+from workflows.engine.store import StepRow, store
+from workflows.engine.store import rows as step_rows
+from workflows.errors import CancelRequested, LeaseLost, WorkerSignal, WorkflowChanged
+from workflows.models import StepCheckpoint, Task, TaskTransition
+from workflows.observability.events import emit, emit_on_commit, log_context
+from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, Step, registry
+from workflows.states import TO_COMPENSATE, TaskState
+
+MISSING = object()
+# Errors of the connection, not of the statement: worth retrying the same write.
+TRANSIENT = (OperationalError, InterfaceError)
+# How long a write that cannot reach the database is retried before the run
+# gives up (the lease, far longer, then expires and the task is recovered).
+WRITE_PATIENCE_SECONDS = 5.0
 
 
 @dataclasses.dataclass
 class RunReport:
     task_id: str
-    outcome: str  # skipped | succeeded | retrying | failed | cancelled | lease_lost
+    # skipped | succeeded | retrying | failed | cancelled | deferred | lease_lost |
+    # interrupted | error
+    outcome: str = ""
     steps_run: list[str] = dataclasses.field(default_factory=list)
+    compensations_run: list[str] = dataclasses.field(default_factory=list)
 
 
-def task_run(*, task_id, worker: str | None = None) -> RunReport:
-    """Claim and run one task. A second call while the first runs, or after the
-    task finished, returns outcome "skipped" and changes nothing."""
-    worker = worker or worker_id()
-    claim = task_claim(task_id=task_id, worker=worker)
-    if claim is None:
-        return RunReport(str(task_id), "skipped")
-    faults.fault_point("after_claim")
-    task = claim.task
-    with log_context(trace_id=task.trace_id or None, task_id=str(task.pk),
-                     workflow=task.workflow):
-        return _Run(claim).execute()
+@dataclasses.dataclass
+class InFlight:
+    """The step whose body is running (or just returned, not yet recorded)."""
+
+    index: int
+    step: Step
+    output: object = MISSING  # a plain step's body returned this
 
 
-def _ttl(workflow: Workflow | None) -> timedelta:
-    return workflow.idempotency_ttl if workflow else DEFAULT_IDEMPOTENCY_TTL
+class StepFailure(Exception):  # noqa: N818 - carries the step's own exception
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+        super().__init__(str(exc))
 
 
-def _describe(exc: BaseException) -> tuple[str, str]:
+class Interrupted(Exception):  # noqa: N818 - a stop, not an error
+    """The database could not be reached to record or decide something."""
+
+
+def describe(exc: BaseException) -> tuple[str, str]:
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return text, type(exc).__name__
 
 
-class _Run:
-    def __init__(self, claim: Claim):
-        self.claim = claim
-        self.task = claim.task
-        self.lease = claim.lease
-        self.report = RunReport(str(self.task.pk), "")
-        self.workflow: Workflow | None = None
-        self.plan: list[Step] = []
-        self.current: tuple[int, Step] | None = None
+def task_run(*, task_id, worker: str | None = None) -> RunReport:
+    """Claim and run one task; never raises. A second call while the first runs,
+    or for a finished, missing or not-yet-due task, returns "skipped" and
+    changes nothing."""
+    run = Run(task_id, worker or worker_id())
+    with log_context(task_id=str(task_id)):
+        for _ in run.steps():
+            pass
+    return run.report
 
-    def execute(self) -> RunReport:
+
+class Run:
+    def __init__(self, task_id, worker: str):
+        self.task_id = str(task_id)
+        self.worker = worker
+        self.actor = f"worker:{worker}"
+        self.report = RunReport(self.task_id)
+        self.store = store()
+        self.task: Task | None = None
+        self.lease: Lease | None = None
+        self.clock: DbClock | None = None
+        self.plan: Plan | None = None
+        self.unplanned: PlanUnavailable | None = None
+        self.in_flight: InFlight | None = None
+        self.succeeded_here: list[int] = []
+
+    # --- the driver ----------------------------------------------------------------------
+
+    def steps(self) -> Iterator[str]:
+        """The run, pausing after every durable write (the name of the point)."""
         try:
-            self.workflow = registry.get(self.task.workflow)
-            self.plan = self.workflow.steps_for(self.task.payload)
-        except (PilotError, Exception) as exc:  # noqa: BLE001 - the workflow itself is broken
-            return self._fail(*_describe(exc), compensate_first=False)
+            yield from self._run()
+        except Interrupted as exc:
+            self._emit("run_interrupted", level=logging.WARNING, detail=str(exc)[:300])
+            self.report.outcome = "interrupted"
+        except WorkerSignal as signal:  # every path handles its own; never let one escape
+            self._lost(signal)
+        except Exception as exc:  # noqa: BLE001 - worker isolation: log it, return normally
+            logging.getLogger("pilot.runner").exception("run of task %s failed", self.task_id)
+            self._emit("run_failed", level=logging.ERROR, error=describe(exc)[0][:500])
+            self.report.outcome = "error"
+
+    def _run(self) -> Iterator[str]:
+        claimed = self.store.claim(self.task_id, worker=self.worker, lease=lease_length())
+        compensating = claimed is None
+        if compensating:
+            claimed = self.store.resume(self.task_id, worker=self.worker, lease=lease_length())
+        if claimed is None:
+            self.report.outcome = "skipped"
+            return
+        self._hold(claimed)
+        faults.fault_point("after_claim")
+        yield "claimed"
         try:
-            if self.claim.mode == COMPENSATE:
-                return self._finish_cancel()
+            checkpoints = (self.store.checkpoints(self.task.pk)
+                           if compensating or self.task.attempts > 1 else {})
             try:
-                done = self._succeeded_outputs()
-            except WorkflowChanged as exc:
-                return self._fail(*_describe(exc), compensate_first=False)
-            return self._run_steps(done)
-        except CancelRequested:
-            return self._cancel_in_flight()
-        except LeaseLost as lost:
-            # A warning: a healthy fleet loses leases only to crashes or pauses.
-            emit("lease_lost", level=logging.WARNING, task_id=str(self.task.pk),
-                 workflow=self.task.workflow, attempt=self.task.attempts, detail=lost.detail)
-            self.report.outcome = "lease_lost"
-            return self.report
+                self.plan = Plan.build(self.task, checkpoints)
+            except PlanUnavailable as problem:
+                self.unplanned = problem
+                yield from self._unplannable(problem, compensating)
+                return
+            if compensating:
+                yield from self.compensate()
+            else:
+                yield from self._forward()
+        except Refused as refused:
+            yield from self._signalled(classify(refused))
+        except WorkerSignal as signal:  # raised by ctx.heartbeat() inside a body
+            yield from self._signalled(signal)
 
-    # --- the happy path ------------------------------------------------------------------
+    def _hold(self, claimed) -> None:
+        self.task = claimed.task
+        self.lease = claimed.lease
+        self.clock = DbClock(claimed.db_now)
+        lag = ((claimed.db_now - claimed.enqueued_at).total_seconds()
+               if claimed.enqueued_at else None)
+        emit_on_commit("task_claimed", task_id=str(self.task.pk), workflow=self.task.workflow,
+                       attempt=self.task.attempts, state=self.task.state,
+                       queue_lag_seconds=lag, worker=self.worker,
+                       trace_id=self.task.trace_id or None)
 
-    def _run_steps(self, done: dict[int, object]) -> RunReport:
-        todo = [i for i in range(len(self.plan)) if i not in done]
-        outputs = {self.plan[i].name: done[i] for i in done}
-        if not todo:  # crashed after the last checkpoint, before finishing
-            return self._succeed(outputs[self.plan[-1].name])
+    def _signalled(self, signal: WorkerSignal) -> Iterator[str]:
+        if isinstance(signal, CancelRequested) and self.task.state == TaskState.RUNNING:
+            yield from self._take_over_cancel()
+        else:
+            self._lost(signal)
+
+    def _lost(self, signal: BaseException) -> None:
+        # A warning: a healthy fleet loses leases only to crashes, pauses and cancels.
+        self._emit("lease_lost", level=logging.WARNING,
+                   detail=getattr(signal, "detail", str(signal)))
+        self.report.outcome = "lease_lost"
+
+    # --- forward -------------------------------------------------------------------------
+
+    def _forward(self) -> Iterator[str]:
+        plan = self.plan
+        outputs = {plan.steps[i].name: out for i, out in plan.done().items()}
+        todo = plan.todo()
+        if not todo:  # every step is recorded; the ending was lost with its worker
+            self.transition("succeed", result=outputs[plan.steps[-1].name],
+                            now=self.clock.now(), ttl=self.ttl())
+            self.report.outcome = "succeeded"
+            return
         first = todo[0]
-        if self.claim.started != first:  # the claim marks it running in the common case
-            checkpoints.steps_write(self.lease, [checkpoints.started(
-                first, self.plan[first].name, self._step_attempts(first) + 1, timezone.now())])
+        self.write([step_rows.started(first, plan.steps[first].name,
+                                      plan.attempts_of(first) + 1, self.clock.now())])
         for position, index in enumerate(todo):
-            step = self.plan[index]
-            self.current = (index, step)
+            yield "step"
+            step = plan.steps[index]
             following = todo[position + 1] if position + 1 < len(todo) else None
+            self.in_flight = InFlight(index, step)
             started = time.monotonic()
-            # DEBUG: step_finished (with its duration) says the same at INFO; a
-            # running step is visible in the admin and by its heartbeats.
-            emit("step_started", level=logging.DEBUG, task_id=str(self.task.pk),
-                 workflow=self.task.workflow, step=step.name, attempt=self.task.attempts)
+            self._emit("step_started", level=logging.DEBUG, step=step.name)
             try:
-                output = self._run_one(index, step, outputs, following)
-            except Exception as exc:  # noqa: BLE001 - the step's failure, classified below
-                # (LeaseLost, CancelRequested and SimulatedCrash are BaseExceptions
-                # and pass through to execute().)
-                return self._attempt_failed(index, step, exc)
-            emit("step_finished", task_id=str(self.task.pk), workflow=self.task.workflow,
-                 step=step.name, attempt=self.task.attempts,
-                 duration_ms=round((time.monotonic() - started) * 1000, 3))
+                output = self._step(index, step, outputs, following)
+            except StepFailure as failure:
+                self.in_flight = None
+                yield from self._attempt_failed(index, step, failure.exc)
+                return
+            self.in_flight = None
+            self._emit("step_finished", step=step.name,
+                       duration_ms=round((time.monotonic() - started) * 1000, 3))
             self.report.steps_run.append(step.name)
+            self.succeeded_here.append(index)
             outputs[step.name] = output
             if following is None:
                 self.report.outcome = "succeeded"
-                return self.report
+                return
             faults.fault_point("after_checkpoint")
-        raise AssertionError("unreachable: the last step returns")
 
-    def _run_one(self, index: int, step: Step, outputs: dict, following: int | None):
-        """Run one step body and record it (for the last step: with the task's
-        success). An atomic step's body and record share its transaction; a
-        plain step's record is a write of its own."""
-        ctx = StepContext(lease=self.lease, workflow=self.task.workflow,
-                          payload=self.task.payload, outputs=dict(outputs),
-                          attempt=self.task.attempts, step_index=index, step_name=step.name,
-                          progress=self._checkpoint_field(index, "progress"), atomic=step.atomic)
-        next_step = None
-        if following is not None:
-            next_step = (following, self.plan[following].name, self._step_attempts(following) + 1)
+    def _context(self, index: int, step: Step, outputs: dict, *, atomic: bool,
+                 compensating: bool = False, output=None) -> StepContext:
+        return StepContext(lease=self.lease, workflow=self.task.workflow,
+                           payload=self.task.payload, outputs=dict(outputs),
+                           attempt=self.task.attempts, step_index=index, step_name=step.name,
+                           progress=self.plan.progress_of(index), output=output,
+                           atomic=atomic, compensating=compensating)
+
+    def _step(self, index: int, step: Step, outputs: dict, following: int | None):
+        ctx = self._context(index, step, outputs, atomic=step.atomic)
         if step.atomic:
-            with transaction.atomic():
+            def body():
                 output = step.func(ctx)
                 faults.fault_point("after_step_body")
-                self._record(index, step, output, next_step)
-            return output
-        output = step.func(ctx)
-        faults.fault_point("after_step_body")
+                self._record(index, step, output, following)
+                return output
+
+            return self.atomically(body, lambda: self._settle_step(index, following))
         try:
-            self._record(index, step, output, next_step)
-        except CancelRequested:
-            # The body ran and its effects are out there: record it so that the
-            # cancel compensates it, then stop.
-            checkpoints.steps_write(self.lease, [checkpoints.succeeded(
-                index, step.name, output, timezone.now())], states=(TaskState.CANCELLING,))
-            self.current = None
-            raise
+            output = step.func(ctx)
+        except Exception as exc:  # noqa: BLE001 - the step's failure, classified by the caller
+            raise StepFailure(exc) from exc
+        self.in_flight.output = output
+        faults.fault_point("after_step_body")
+        self._record(index, step, output, following)
         return output
 
-    def _record(self, index: int, step: Step, output, next_step) -> None:
-        """One step boundary, all or nothing: this step's checkpoint and the next
-        step's start — or, after the last step, the checkpoint with the task's
-        success (one statement each on PostgreSQL)."""
-        now = timezone.now()
-        done = checkpoints.succeeded(index, step.name, output, now)
-        if next_step is not None:
-            checkpoints.steps_write(self.lease, [done, checkpoints.started(*next_step, now)])
+    def _record(self, index: int, step: Step, output, following: int | None) -> None:
+        """One step boundary, all or nothing: this step's success with the next
+        step's start — or, after the last step, with the task's success."""
+        now = self.clock.now()
+        done = step_rows.succeeded(index, step.name, output, now,
+                                   compensable=step.compensation is not None)
+        if following is None:
+            self.transition("succeed", result=output, now=now, ttl=self.ttl(), steps=[done])
             return
-        self._transition("succeed", result=output, now=now, ttl=_ttl(self.workflow),
-                         steps=[done])
+        nxt = step_rows.started(following, self.plan.steps[following].name,
+                                self.plan.attempts_of(following) + 1, now)
+        self.write([done, nxt])
 
-    def _transition(self, name: str, **kwargs) -> None:
-        """Apply transition `name` to the task as claimed, saved as a
-        compare-and-set on our lease token and its state (no row read first);
-        LeaseLost/CancelRequested when someone else changed it."""
-        try:
-            transition_apply(self.task, name, actor=f"worker:{self.lease.worker}",
-                             fence_token=self.lease.token, **kwargs)
-        except ConcurrentTransition:
-            raise_lease_refusal(self.lease)
+    def _settle_step(self, index: int, following: int | None):
+        """After an error in an atomic step's transaction: did it commit anyway
+        (the reply to COMMIT was lost)? The step's output if so, else MISSING."""
+        fresh = self._reread()
+        if following is None:
+            if fresh.state == TaskState.SUCCEEDED and self._last_change_was_ours("succeed"):
+                self._adopt(fresh)
+                return fresh.result
+            return MISSING
+        cp = self._read(lambda: StepCheckpoint.objects.filter(task_id=self.task.pk,
+                                                              index=index).first())
+        if cp is not None and cp.state == "succeeded":
+            return cp.output
+        return MISSING
 
-    def _succeed(self, result) -> RunReport:
-        self._transition("succeed", result=result, now=timezone.now(), ttl=_ttl(self.workflow))
-        self.report.outcome = "succeeded"
-        return self.report
-
-    # --- checkpoints read at claim time ------------------------------------------------------
-
-    def _succeeded_outputs(self) -> dict[int, object]:
-        done = {}
-        for index, cp in self.claim.checkpoints.items():
-            if index >= len(self.plan) or cp.name != self.plan[index].name:
-                expected = repr(self.plan[index].name) if index < len(self.plan) else "no step"
-                raise WorkflowChanged(
-                    f"checkpoint {index} is step {cp.name!r} but {self.task.workflow} now has "
-                    f"{expected} there; resuming would skip the wrong step")
-            if cp.state == StepState.SUCCEEDED:
-                done[index] = cp.output
-        return done
-
-    def _checkpoint_field(self, index: int, field: str):
-        cp = self.claim.checkpoints.get(index)
-        return getattr(cp, field) if cp else None
-
-    def _step_attempts(self, index: int) -> int:
-        return self._checkpoint_field(index, "attempts") or 0
-
-    # --- endings ---------------------------------------------------------------------------
-
-    def _attempt_failed(self, index: int, step: Step, exc: Exception) -> RunReport:
-        error, error_type = _describe(exc)
-        failed = checkpoints.StepRow(index, step.name, StepState.FAILED, error=error,
-                                     finished_at=timezone.now())
-        retryable = self.workflow.is_retryable(exc) and not isinstance(exc, WorkflowChanged)
+    def _attempt_failed(self, index: int, step: Step, exc: BaseException) -> Iterator[str]:
+        error, error_type = describe(exc)
+        now = self.clock.now()
+        failed = step_rows.failed(index, step.name, error, now)
+        workflow = self.plan.workflow
+        retryable = workflow.is_retryable(exc) and not isinstance(exc, WorkflowChanged)
         if retryable and self.task.attempts < self.task.max_attempts:
-            delay = backoff_delay(self.workflow.policy, self.task.attempts)
-            self._transition("schedule_retry", reason=f"{error_type}; retry in {delay:.3f}s",
-                             error=error, error_type=error_type, steps=[failed],
-                             next_attempt_at=timezone.now() + timedelta(seconds=delay))
-            emit("retry_scheduled", task_id=str(self.task.pk), workflow=self.task.workflow,
-                 attempt=self.task.attempts, delay_seconds=round(delay, 3),
-                 error_type=error_type)
+            delay = backoff_delay(workflow.policy, self.task.attempts)
+            self.transition("schedule_retry", reason=f"{error_type}; retry in {delay:.3f}s",
+                            error=error, error_type=error_type, steps=[failed],
+                            next_attempt_at=now + timedelta(seconds=delay))
+            self._emit("retry_scheduled", delay_seconds=round(delay, 3), error_type=error_type)
             self.report.outcome = "retrying"
-            return self.report
-        checkpoints.steps_write(self.lease, [failed])
+            return
         if retryable:
             error = f"attempts exhausted ({self.task.attempts}); last error: {error}"
-        return self._fail(error, error_type, compensate_first=True)
+        yield from self._give_up(error, error_type, steps=[failed])
 
-    def _fail(self, error: str, error_type: str, *, compensate_first: bool) -> RunReport:
-        if compensate_first:
-            problem = compensate(self.lease, self.task, self.plan, states=(TaskState.RUNNING,))
-            if problem:
-                error, error_type = f"{error}; then {problem}", "CompensationFailed"
-        self._transition("fail", reason=error_type, error=error, error_type=error_type,
-                         now=timezone.now(), ttl=_ttl(self.workflow))
+    def _give_up(self, error: str, error_type: str, *, steps: list[StepRow]) -> Iterator[str]:
+        """Failed for good: through the compensation phase when something is owed."""
+        now = self.clock.now()
+        if self._owes_compensation():
+            self.transition("compensate", reason=error_type, error=error, error_type=error_type,
+                            steps=steps, worker=self.worker, now=now, lease=lease_length())
+            yield "compensating"
+            yield from self.compensate()
+            return
+        self.transition("fail", reason=error_type, error=error, error_type=error_type,
+                        steps=steps, now=now, ttl=self.ttl())
         self.report.outcome = "failed"
-        return self.report
 
-    def _cancel_in_flight(self) -> RunReport:
-        if self.current is not None:
-            index, step = self.current
-            checkpoints.step_failed(self.lease, index=index, name=step.name,
-                                    error="cancelled while running",
-                                    states=(TaskState.CANCELLING,))
-        return self._finish_cancel()
+    def _owes_compensation(self) -> bool:
+        stored = self.plan.checkpoints if self.plan else {}
+        if any(cp.state in TO_COMPENSATE and cp.compensable for cp in stored.values()):
+            return True
+        return bool(self.plan) and any(self.plan.steps[i].compensation is not None
+                                       for i in self.succeeded_here)
 
-    def _finish_cancel(self) -> RunReport:
-        problem = compensate(self.lease, self.task, self.plan, states=(TaskState.CANCELLING,))
-        with transaction.atomic():
-            task = fence_lock(self.lease, states=(TaskState.CANCELLING,))
-            transition_apply(task, "finish_cancel", actor=f"worker:{self.lease.worker}",
-                             reason="in-flight work ended, compensations ran",
-                             now=timezone.now(), ttl=_ttl(self.workflow),
-                             error=problem or "",
-                             error_type="CompensationFailed" if problem else "")
-        self.report.outcome = "cancelled"
-        return self.report
+    def _unplannable(self, problem: PlanUnavailable, compensating: bool) -> Iterator[str]:
+        """The workflow cannot be planned (gone, its plan raises, changed under
+        the checkpoints): no step can run. Owed compensations cannot run either;
+        the phase records them as failed, naming the reason."""
+        if not compensating:
+            if owed_compensations([self.task.pk]):
+                self.transition("compensate", reason=problem.error_type, error=problem.reason,
+                                error_type=problem.error_type, worker=self.worker,
+                                now=self.clock.now(), lease=lease_length())
+                yield "compensating"
+            else:
+                self.transition("fail", reason=problem.error_type, error=problem.reason,
+                                error_type=problem.error_type, now=self.clock.now(),
+                                ttl=self.ttl())
+                self.report.outcome = "failed"
+                return
+        yield from self.compensate()
+
+    # --- cancel --------------------------------------------------------------------------
+
+    def _take_over_cancel(self) -> Iterator[str]:
+        """Our running attempt was cancelled: take the phase over under a new
+        token, record the step in flight (done if its body returned, so that it
+        is compensated; failed if the cancel interrupted it), compensate."""
+        in_flight = self.in_flight
+        claimed = self.store.resume(self.task.pk, worker=self.worker, lease=lease_length(),
+                                    after_cancel_of=self.lease.token)
+        if claimed is None:
+            self._lost(LeaseLost(f"task {self.task.pk} changed again after its cancel"))
+            return
+        self._hold(claimed)
+        self._emit("cancel_noticed", step=in_flight.step.name if in_flight else None)
+        yield "resumed"
+        try:
+            if in_flight is not None:
+                now = self.clock.now()
+                step = in_flight.step
+                if in_flight.output is not MISSING:
+                    row = step_rows.succeeded(in_flight.index, step.name, in_flight.output, now,
+                                              compensable=step.compensation is not None)
+                else:
+                    row = step_rows.failed(in_flight.index, step.name,
+                                           "cancelled while it ran", now)
+                self.write([row])
+            yield from self.compensate()
+        except Refused as refused:
+            self._lost(classify(refused))
+        except WorkerSignal as signal:
+            self._lost(signal)
+
+    def compensate(self) -> Iterator[str]:
+        from workflows.engine.compensation import compensation_phase
+
+        yield from compensation_phase(self)
+
+    # --- writes --------------------------------------------------------------------------
+
+    def write(self, rows: list[StepRow]) -> None:
+        """A fenced step write (extending the lease when it is due). Raises
+        Refused. Outside a transaction, a database error is retried briefly —
+        the write is idempotent — then the run is Interrupted."""
+        renew = lease_length() if self.lease.clock.due() else None
+        self._durably(lambda: self.store.write_steps(self.lease, rows, renew_for=renew))
+
+    def transition(self, name: str, *, reason: str = "", **kwargs) -> None:
+        """Apply a transition to the task this run holds, fenced on its token.
+        Raises Refused when the task changed. After a database error outside a
+        transaction it re-reads: if the change committed (its reply was lost)
+        the run goes on from there; if not, it tries again."""
+        deadline = time.monotonic() + WRITE_PATIENCE_SECONDS
+        while True:
+            if time.monotonic() > deadline:
+                raise Interrupted(f"cannot record {name}: the database keeps failing")
+            try:
+                self.store.transition(self.task, name, at=self.clock.now(), actor=self.actor,
+                                      reason=reason, **kwargs)
+                break
+            except ConcurrentTransition:
+                raise self.store.refusal(self.lease) from None
+            except TRANSIENT:
+                if connection.in_atomic_block:
+                    raise  # the enclosing atomic step settles it
+                fresh = self._reread(deadline)
+                if fresh.lease_token == self.lease.token + 1 and self._last_change_was_ours(name):
+                    self._adopt(fresh)
+                    break
+                if fresh.lease_token != self.lease.token:
+                    raise self.store.refusal(self.lease) from None
+        self.lease = self.lease.advanced(self.task.lease_token)
+
+    def atomically(self, body, settle):
+        """Run `body` (which ends with its fenced record) in one transaction.
+        After an error: if `settle()` finds it committed anyway, its result;
+        if SQLite refused the transaction for another writer, run it again;
+        otherwise StepFailure. Refusals and signals pass through (rolled back)."""
+        for round_ in range(1, 4):
+            lease = self.lease  # a transition inside moves it on; a rollback moves it back
+            try:
+                with self.store.atomic_step():
+                    result = body()
+                faults.fault_point("after_atomic_commit")
+                return result
+            except (Refused, WorkerSignal, Interrupted):
+                self.lease = lease
+                raise
+            except Exception as exc:  # noqa: BLE001 - the body's, or the commit's
+                self.lease = lease
+                settled = settle()
+                if settled is not MISSING:
+                    return settled
+                if self.store.is_lock_conflict(exc) and round_ < 3:
+                    time.sleep(0.05 * round_)
+                    continue
+                raise StepFailure(exc) from exc
+        raise AssertionError("unreachable")
+
+    def _durably(self, write) -> None:
+        if connection.in_atomic_block:
+            write()
+            return
+        deadline = time.monotonic() + WRITE_PATIENCE_SECONDS
+        while True:
+            try:
+                write()
+                return
+            except TRANSIENT as exc:
+                if time.monotonic() > deadline:
+                    raise Interrupted(f"cannot record: {describe(exc)[0]}") from exc
+                self._reconnect()
+
+    def _read(self, query, deadline: float | None = None):
+        """`query()`, retried across a lost connection until `deadline`."""
+        deadline = deadline or time.monotonic() + WRITE_PATIENCE_SECONDS
+        while True:
+            try:
+                return query()
+            except TRANSIENT as exc:
+                if time.monotonic() > deadline:
+                    raise Interrupted(f"cannot read back: {describe(exc)[0]}") from exc
+                self._reconnect()
+
+    def _reread(self, deadline: float | None = None) -> Task:
+        """The task as stored, whatever this run believed; the in-memory task is
+        brought back to it when a change it made did not commit."""
+        fresh = self._read(lambda: Task.objects.get(pk=self.task.pk), deadline)
+        if fresh.lease_token == self.lease.token:
+            self._adopt(fresh)
+        return fresh
+
+    def _adopt(self, fresh: Task) -> None:
+        self.task.__dict__.update({f.attname: fresh.__dict__[f.attname]
+                                   for f in Task._meta.concrete_fields})
+        self.task._update_initial_state()
+
+    def _last_change_was_ours(self, name: str) -> bool:
+        last = (TaskTransition.objects.filter(task_id=self.task.pk).order_by("-id")
+                .values_list("transition", "actor").first())
+        return last == (name, self.actor[:200])
+
+    @staticmethod
+    def _reconnect() -> None:
+        time.sleep(0.2)
+        connection.close_if_unusable_or_obsolete()
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def ttl(self) -> timedelta:
+        workflow = self.plan.workflow if self.plan else registry.find(self.task.workflow)
+        return workflow.idempotency_ttl if workflow else DEFAULT_IDEMPOTENCY_TTL
+
+    def _emit(self, event: str, *, level: int = logging.INFO, **fields) -> None:
+        task = self.task
+        base = {"task_id": self.task_id, "workflow": task.workflow if task else None,
+                "attempt": task.attempts if task else None,
+                "trace_id": (task.trace_id or None) if task else None}
+        emit(event, level=level, **{**base, **fields})

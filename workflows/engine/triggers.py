@@ -21,9 +21,10 @@ enqueue and N−1 replays. The enqueue is part of the same transaction
 A batch is decided as if its items arrived one after another in input order:
 a key repeated within the batch replays (or conflicts with) the first.
 
-On PostgreSQL a single trigger first tries two one-statement shortcuts (a new
-key, a plain replay; trigger_shortcuts.py) and falls back to this general path
-for everything else.
+A single trigger first asks the store for its fast path (on PostgreSQL: a new
+key in one statement, a plain replay in one more; store/queries.sql) and falls
+back to this general path for everything else. Every time is the database's:
+a key's expiry is judged by its clock, and the times a trigger stamps are its.
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ from collections import defaultdict
 from django.conf import settings
 from django.db import OperationalError, transaction
 from django.db.models import F
-from django.utils import timezone
+from django.db.models.functions import Now
 
-from workflows.engine import trigger_shortcuts
-from workflows.engine.audit import actor_for, transition_apply
+from workflows.engine.audit import actor_for
 from workflows.engine.enqueue import enqueue_on_commit, uses_orm_broker
+from workflows.engine.operations import task_restart
+from workflows.engine.store import store
 from workflows.errors import (
     Conflict,
     IdempotencyKeyMissing,
@@ -140,7 +142,7 @@ def task_trigger_many(*, owner, requests: list[TriggerRequest], source: str = So
             prepared.append(_prepare(index, request))
         except PilotError as exc:
             results[index] = exc
-    if len(prepared) == 1 and trigger_shortcuts.available():
+    if len(prepared) == 1:
         outcome = _shortcut(owner, prepared[0], source, trace_id)
         if outcome is not None:
             results[prepared[0].index] = outcome
@@ -220,29 +222,28 @@ def _plain(errors):
 
 
 def _shortcut(owner, item: _Prepared, source: str, trace_id: str) -> TriggerOutcome | None:
-    """A new key or a plain replay in one statement (trigger_shortcuts); None
-    when the general path must decide. With the ORM broker the insert and its
-    queue row share a transaction (the outbox); with Redis the statement
-    commits alone and the push follows."""
-    now = timezone.now()
-    task = _new_task(owner, item, source, trace_id, now)
+    """A new key or a plain replay through the store's fast path; None when the
+    general path must decide (or the store has none). With the ORM broker the
+    insert and its queue row share a transaction (the outbox); with Redis the
+    statement commits alone and the push follows."""
+    task = _new_task(owner, item, source, trace_id, now=None)
     with transaction.atomic() if uses_orm_broker() else contextlib.nullcontext():
-        decided = trigger_shortcuts.task_create_or_replay(task, now=now)
+        decided = store().create_or_replay(task)
         if decided is None:
             return None
         kind, task = decided
-        if kind == trigger_shortcuts.CREATED:
+        if kind == CREATED:
             enqueue_on_commit([task.pk])
             return TriggerOutcome(CREATED, task)
     return TriggerOutcome(REPLAYED, task)
 
 
 def _decide_all(owner, prepared: list[_Prepared], source: str, trace_id: str) -> dict:
-    now = timezone.now()
     first_by_key: dict[str, _Prepared] = {}
     for item in prepared:
         first_by_key.setdefault(item.key, item)
     with transaction.atomic():
+        now = store().db_now()
         rows, created_ids = _insert_and_lock(owner, first_by_key, source, trace_id, now)
         outcomes: dict[int, TriggerOutcome | PilotError] = {}
         replay_counts: dict = defaultdict(int)
@@ -279,10 +280,11 @@ def _insert_and_lock(owner, first_by_key: dict[str, _Prepared], source, trace_id
     created_ids: set = set()
     todo = dict(first_by_key)
     for _ in range(_RACE_ROUNDS):
-        fresh = {key: _new_task(owner, item, source, trace_id, now) for key, item in todo.items()}
+        fresh = {key: _new_task(owner, item, source, trace_id, now=now)
+                 for key, item in todo.items()}
         Task.objects.bulk_create(sorted(fresh.values(), key=lambda t: t.idempotency_key),
                                  ignore_conflicts=True)
-        locked = (Task.objects.select_for_update()
+        locked = (Task.objects.select_for_update().annotate(pilot_db_now=Now())
                   .filter(owner=owner, idempotency_key__in=list(todo))
                   .order_by("idempotency_key"))
         expired = []
@@ -308,7 +310,9 @@ def _insert_and_lock(owner, first_by_key: dict[str, _Prepared], source, trace_id
     raise Conflict("The idempotency key kept changing hands; retry the request")
 
 
-def _new_task(owner, item: _Prepared, source, trace_id, now) -> Task:
+def _new_task(owner, item: _Prepared, source, trace_id, *, now) -> Task:
+    """A pending task for `item`, not saved. `now` is the database's time (the
+    fast path leaves it None and stamps the row with the database's own)."""
     return Task(
         id=uuid.uuid4(), owner=owner, idempotency_key=item.key, workflow=item.workflow.name,
         payload=item.payload, fingerprint=item.fingerprint,
@@ -326,9 +330,8 @@ def _decide(task: Task, item: _Prepared, owner, now) -> str:
     if task.state in REPLAYABLE_STATES:
         return REPLAYED
     if task.state == TaskState.FAILED:
-        transition_apply(task, "retry", actor=actor_for(owner),
-                         reason="re-triggered with the same idempotency key",
-                         budget=item.workflow.max_attempts, set_fields={"enqueued_at": now})
+        task_restart(task, actor=actor_for(owner),
+                     reason="re-triggered with the same idempotency key")
         return RESTARTED
     raise TaskCancelled(f"Task {task.pk} for this idempotency key was cancelled; "
                         "use a new key to run it again")

@@ -1,11 +1,17 @@
-"""StepCheckpoint: the durable record of one step of one task (SPEC §4, §7).
+"""StepCheckpoint: the durable record of one step of one task (docs/design.md).
 
-Written only by the runner, under the task's fence (the worker's lease token),
-so a worker that lost its lease can never record a step. A `succeeded` row is
-the memo a resumed run skips and whose `output` later steps read.
+Written only by the worker holding the task's current lease token (the store
+fences every write on it), so a worker that lost the task can never record a
+step. A `succeeded` row is the memo a resumed run skips and whose `output`
+later steps read; it is never downgraded (states.STEP_OVERWRITES). Its
+compensation moves it `succeeded → compensating → compensated |
+compensation_failed`, each move recorded before the next, so a compensation
+once recorded never runs again and one whose worker died is counted
+(`compensation_attempts`) and capped.
 """
 
 from django.db import models
+from django.db.models import Q
 
 from workflows.states import StepState
 
@@ -22,6 +28,13 @@ class StepCheckpoint(models.Model):
     # What a step saved about itself mid-way (a cursor); a resumed attempt reads it.
     progress = models.JSONField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
+    # Written with the step's success: does the plan name a compensation for it?
+    # Lets the dispatcher, cancel and the console know what is left to undo
+    # without running workflow code.
+    compensable = models.BooleanField(default=False)
+    # Times its compensation was started (counted before the body runs, so a
+    # compensation that kills its worker is capped at the workflow's max_attempts).
+    compensation_attempts = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True, default="")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -31,6 +44,8 @@ class StepCheckpoint(models.Model):
         constraints = [
             # One checkpoint per step position; the runner upserts on it.
             models.UniqueConstraint(fields=["task", "index"], name="step_task_index_uniq"),
+            models.CheckConstraint(condition=Q(state__in=StepState.values),
+                                   name="step_state_valid_chk"),
         ]
 
     def __str__(self) -> str:

@@ -1,9 +1,16 @@
-"""The Task: one run of one workflow for one idempotency key (SPEC §4, §5).
+"""The Task: one run of one workflow for one idempotency key (docs/design.md).
 
-The state field is protected: nothing assigns it. Every edge of §5 is a
-django-fsm transition below; transitions are pure (they only set fields on the
-instance). The engine locks the row, calls a transition, saves and writes the
-audit row in one transaction (`workflows.engine.audit.transition_apply`).
+The state field is protected: nothing assigns it. Every edge of the state
+machine is a django-fsm transition below; transitions are pure (they only set
+fields on the instance), and every one of them — through `VersionedFSMField` —
+also increments `lease_token`, the task's version: a worker's fenced writes
+name the token they claimed, so after *any* change (a recover, a cancel, a
+retry, another worker's take-over) a stale worker can never write again, and
+a (state, token) pair seen once never comes back. The engine's store persists
+a transition as a compare-and-set on the token it read (workflows/engine/store).
+
+Times passed to transitions (`now`) are the database's clock, never the
+calling machine's (docs/design.md, "Time").
 """
 
 from __future__ import annotations
@@ -17,11 +24,22 @@ from django.db.models import Q
 from django.utils import timezone
 from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
 
-from workflows.states import FINISHED_STATES, LEASED_STATES, Source, TaskState
+from workflows.states import COMPENSATION_STATES, FINISHED_STATES, LEASED_STATES, Source, TaskState
 
 MAX_ERROR_LENGTH = 4000
 
 S = TaskState
+
+
+class VersionedFSMField(FSMField):
+    """An FSMField whose every transition is a new version of the row: after the
+    transition's body ran (and only if it did not raise) the model's
+    `lease_token` goes up by one. One place, so no edge can forget it."""
+
+    def change_state(self, instance, method, *args, **kwargs):
+        result = super().change_state(instance, method, *args, **kwargs)
+        instance.lease_token += 1
+        return result
 
 
 class TaskQuerySet(models.QuerySet):
@@ -41,19 +59,9 @@ class TaskQuerySet(models.QuerySet):
     def finished_before(self, ts: datetime):
         return self.filter(state__in=FINISHED_STATES, finished_at__lt=ts)
 
-    def due_retries(self, now: datetime):
-        return self.filter(state=S.RETRYING, next_attempt_at__lte=now)
-
     def expired_leases(self, now: datetime):
+        """Held by a worker whose lease ran out before `now` (a database time)."""
         return self.filter(state__in=LEASED_STATES, lease_expires_at__lt=now)
-
-    def unclaimed_since(self, ts: datetime):
-        """Pending tasks last enqueued before `ts` (or never): their message may be lost."""
-        return self.filter(Q(enqueued_at__lt=ts) | Q(enqueued_at__isnull=True), state=S.PENDING)
-
-    def orphaned_cancels(self):
-        """`cancelling` tasks no worker holds: nobody will run their compensations."""
-        return self.filter(state=S.CANCELLING, lease_expires_at__isnull=True)
 
 
 class Task(ConcurrentTransitionMixin, models.Model):
@@ -65,7 +73,7 @@ class Task(ConcurrentTransitionMixin, models.Model):
     workflow = models.CharField(max_length=100)
     payload = models.JSONField(default=dict)
     fingerprint = models.CharField(max_length=64)
-    state = FSMField(default=S.PENDING, choices=S.choices, protected=True, max_length=20)
+    state = VersionedFSMField(default=S.PENDING, choices=S.choices, protected=True, max_length=20)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     error_type = models.CharField(max_length=200, blank=True, default="")
@@ -106,10 +114,12 @@ class Task(ConcurrentTransitionMixin, models.Model):
             models.Index(fields=["workflow", "-created_at"], name="task_workflow_created_idx"),
             # Admin default ordering, date hierarchy, dashboard triggers per hour.
             models.Index(fields=["-created_at"], name="task_created_idx"),
-            # Dispatcher: retries that are due (state='retrying' AND next_attempt_at <= now).
+            # Dispatcher: work waiting out a backoff that is due (state IN retrying/
+            # compensating/cancelling AND next_attempt_at <= now), and the next one due.
             models.Index(fields=["next_attempt_at"], name="task_retry_due_idx",
-                         condition=Q(state=S.RETRYING)),
-            # Dispatcher: expired leases (state IN running/cancelling AND lease_expires_at < now).
+                         condition=Q(state__in=[S.RETRYING, *COMPENSATION_STATES])),
+            # Dispatcher: expired leases (state IN running/compensating/cancelling AND
+            # lease_expires_at < now).
             models.Index(fields=["lease_expires_at"], name="task_lease_expiry_idx",
                          condition=Q(state__in=LEASED_STATES)),
             # Dispatcher: pending tasks whose enqueue may be lost (enqueued_at < now - 10 s).
@@ -131,19 +141,6 @@ class Task(ConcurrentTransitionMixin, models.Model):
     def __str__(self) -> str:
         return f"{self.workflow} {self.idempotency_key} ({self.state})"
 
-    # --- fenced saves ---------------------------------------------------------------------
-
-    # Set by transition_apply(fence_token=...) around one save: the UPDATE then
-    # also requires this lease token, on top of ConcurrentTransitionMixin's
-    # "state unchanged" — a compare-and-set that replaces a SELECT … FOR UPDATE
-    # on the worker's hot path.
-    _fence_token: int | None = None
-
-    def _do_update(self, base_qs, *args, **kwargs):
-        if self._fence_token is not None:
-            base_qs = base_qs.filter(lease_token=self._fence_token)
-        return super()._do_update(base_qs, *args, **kwargs)
-
     # --- derived --------------------------------------------------------------------
 
     @property
@@ -151,24 +148,38 @@ class Task(ConcurrentTransitionMixin, models.Model):
         return self.state in FINISHED_STATES
 
     def is_expired(self, now: datetime) -> bool:
+        """Is its key free again at `now` (a database time)?"""
         return self.is_finished and self.expires_at is not None and self.expires_at <= now
 
     def is_due(self, now: datetime) -> bool:
-        """Claimable now: pending, or retrying with its backoff elapsed."""
+        """Claimable for its steps at `now` (a database time): pending, or
+        retrying with its backoff elapsed, with an attempt left."""
+        if self.attempts >= self.max_attempts:
+            return False
         if self.state == S.PENDING:
             return True
         return self.state == S.RETRYING and (self.next_attempt_at is None
                                              or self.next_attempt_at <= now)
 
-    @property
-    def attempts_left(self) -> int:
-        return max(0, self.max_attempts - self.attempts)
+    def is_resumable(self, now: datetime) -> bool:
+        """Claimable for its compensations at `now`: compensating or cancelling,
+        with no live lease (its worker died, or none ever held it) and no
+        backoff still to wait."""
+        return (self.state in COMPENSATION_STATES
+                and (self.lease_expires_at is None or self.lease_expires_at < now)
+                and (self.next_attempt_at is None or self.next_attempt_at <= now))
 
     # --- field helpers used by transitions -----------------------------------------------
 
     def _set_error(self, error: str, error_type: str) -> None:
         self.error = (error or "")[:MAX_ERROR_LENGTH]
         self.error_type = (error_type or "")[:200]
+
+    def _take_lease(self, worker: str, now: datetime, lease: timedelta) -> None:
+        self.lease_owner = worker[:200]
+        self.lease_expires_at = now + lease
+        self.next_attempt_at = None
+        self.enqueued_at = None  # its message is consumed: none outstanding
 
     def _release_lease(self) -> None:
         self.lease_owner = ""
@@ -177,19 +188,16 @@ class Task(ConcurrentTransitionMixin, models.Model):
     def _finish(self, now: datetime, ttl: timedelta) -> None:
         self._release_lease()
         self.next_attempt_at = None
+        self.enqueued_at = None
         self.finished_at = now
         self.expires_at = now + ttl
 
-    # --- transitions (SPEC §5); pure ------------------------------------------------------
+    # --- transitions (docs/design.md, "State machine"); pure ------------------------------
 
     @transition(field=state, source=[S.PENDING, S.RETRYING], target=S.RUNNING)
-    def claim(self, *, worker: str, lease_expires_at: datetime, now: datetime) -> None:
+    def claim(self, *, worker: str, now: datetime, lease: timedelta) -> None:
         self.attempts += 1
-        self.lease_token += 1
-        self.lease_owner = worker[:200]
-        self.lease_expires_at = lease_expires_at
-        self.next_attempt_at = None
-        self.enqueued_at = None  # its message is consumed: none outstanding
+        self._take_lease(worker, now, lease)
         if self.started_at is None:
             self.started_at = now
 
@@ -216,7 +224,21 @@ class Task(ConcurrentTransitionMixin, models.Model):
         self.next_attempt_at = next_attempt_at
         self.enqueued_at = None
 
-    @transition(field=state, source=S.RUNNING, target=S.FAILED)
+    @transition(field=state, source=S.RUNNING, target=S.COMPENSATING)
+    def compensate(self, *, error: str, error_type: str, worker: str = "",
+                   now: datetime | None = None, lease: timedelta | None = None) -> None:
+        """Failed for good with succeeded steps to undo: the durable compensation
+        phase. The failing worker keeps the lease (`worker`) and runs the
+        compensations under the new token; the dispatcher (no `worker`) leaves
+        the task for any worker to claim."""
+        self._set_error(error, error_type)
+        if worker:
+            self._take_lease(worker, now, lease)
+        else:
+            self._release_lease()
+            self.next_attempt_at = None
+
+    @transition(field=state, source=[S.RUNNING, S.COMPENSATING], target=S.FAILED)
     def fail(self, *, error: str, error_type: str, now: datetime, ttl: timedelta) -> None:
         self._set_error(error, error_type)
         self._finish(now, ttl)
@@ -228,7 +250,10 @@ class Task(ConcurrentTransitionMixin, models.Model):
                 permission="workflows.cancel_task")
     def cancel(self, *, needs_compensation: bool, now: datetime, ttl: timedelta) -> str:
         """Running work, or succeeded steps to compensate, go through `cancelling`
-        (a worker finishes it); anything else is cancelled at once."""
+        (a worker finishes it); anything else is cancelled at once. A running
+        task's worker keeps its lease: it notices the cancel at its next write
+        and takes the compensation phase over (`resume`). A compensating task
+        is not cancellable: it is already undoing its work."""
         if self.state == S.RUNNING:
             return S.CANCELLING
         self.next_attempt_at = None
@@ -257,3 +282,18 @@ class Task(ConcurrentTransitionMixin, models.Model):
         self.finished_at = None
         self.expires_at = None
         self._release_lease()
+
+    @transition(field=state, source=list(COMPENSATION_STATES), target=None)
+    def resume(self, *, worker: str, now: datetime, lease: timedelta) -> None:
+        """A worker takes the compensation phase over (the state stays): the one
+        whose running attempt was cancelled, or any worker once the previous
+        holder's lease expired. The new token fences out everyone else."""
+        self._take_lease(worker, now, lease)
+
+    @transition(field=state, source=list(COMPENSATION_STATES), target=None)
+    def defer(self, *, next_attempt_at: datetime) -> None:
+        """A compensation failed retryably: give the task back and try again
+        after the backoff (the dispatcher sends it when due)."""
+        self._release_lease()
+        self.next_attempt_at = next_attempt_at
+        self.enqueued_at = None

@@ -52,6 +52,8 @@ QUEUE_LAG = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
 DISPATCHER_ACTIONS = Counter("pilot_dispatcher_actions", "What dispatcher passes did",
                              ["action"])
+DISPATCHER_ERRORS = Counter("pilot_dispatcher_errors", "Tasks (or whole passes) the dispatcher "
+                            "could not handle; each was logged and skipped")
 
 
 def on_event(event: str, fields: dict) -> None:
@@ -71,6 +73,8 @@ def on_event(event: str, fields: dict) -> None:
         QUEUE_LAG.observe(max(0.0, fields["queue_lag_seconds"]))
     elif event == "dispatcher_action":
         DISPATCHER_ACTIONS.labels(fields.get("action") or "").inc(fields.get("count") or 0)
+    elif event == "dispatcher_error":
+        DISPATCHER_ERRORS.inc()
 
 
 def install() -> None:

@@ -1,0 +1,322 @@
+"""The portable store: every verb with Django's ORM and plain SQL.
+
+It is correct on any database Django runs with either row locks (PostgreSQL)
+or a single writer (SQLite), and the contract suite (tests/engine/store/)
+runs it on both. `PostgresStore` overrides the hot verbs with literal SQL;
+`SqliteStore` changes how an atomic step's transaction begins.
+
+Every write a worker makes names the lease token it holds; the predicate
+`id = ? AND lease_token = ?` lives in `_fence` and `transition` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from datetime import UTC, datetime, timedelta
+
+from django.db import connection, transaction
+from django.db.models import DateTimeField, ExpressionWrapper
+from django.db.models.functions import Now
+from django.db.models.sql import Query
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from django_fsm import ConcurrentTransition
+
+from workflows.engine.leases import Lease, Refused
+from workflows.engine.store.rows import StepRow
+from workflows.models import StepCheckpoint, Task, TaskTransition
+from workflows.observability.events import emit_on_commit
+from workflows.states import STEP_OVERWRITES, TaskState
+
+_FIELDS = [f for f in Task._meta.concrete_fields if not f.primary_key]
+_ATTNAMES = [f.attname for f in _FIELDS]
+STEP_TABLE = StepCheckpoint._meta.db_table
+STEP_COLUMNS = ("task_id", "index", "name", "state", "output", "attempts", "compensable",
+                "compensation_attempts", "error", "started_at", "finished_at")
+
+
+@dataclasses.dataclass
+class Claimed:
+    """A claim that won: the task as it is now (under the new token), the
+    database's time at the claim, when the consumed message had been sent, and
+    the worker that holds it."""
+
+    task: Task
+    db_now: datetime
+    enqueued_at: datetime | None
+    worker: str
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.task.pk, self.task.lease_token, self.worker)
+
+
+def _aware(value) -> datetime:
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    return value if timezone.is_aware(value) else timezone.make_aware(value, UTC)
+
+
+def _guard_sql(table: str) -> str:
+    """states.STEP_OVERWRITES as the upsert's WHERE: which stored states a
+    written state may replace."""
+    def quoted(values):
+        return ", ".join(f"'{v}'" for v in values)
+
+    groups: dict[tuple, list[str]] = {}
+    for new, old in STEP_OVERWRITES.items():
+        groups.setdefault(tuple(old), []).append(new)
+    return " OR ".join(f"(excluded.state IN ({quoted(new)}) AND {table}.state IN "
+                       f"({quoted(old)}))" for old, new in groups.items())
+
+
+# The upsert's conflict clause (portable SQL: PostgreSQL and SQLite >= 3.24).
+UPSERT_ON_CONFLICT = f"""
+ON CONFLICT (task_id, "index") DO UPDATE SET
+    name = excluded.name,
+    state = excluded.state,
+    output = CASE WHEN excluded.state = 'succeeded' THEN excluded.output
+                  ELSE {STEP_TABLE}.output END,
+    attempts = CASE WHEN excluded.attempts > {STEP_TABLE}.attempts THEN excluded.attempts
+                    ELSE {STEP_TABLE}.attempts END,
+    compensable = CASE WHEN excluded.state = 'succeeded' THEN excluded.compensable
+                       ELSE {STEP_TABLE}.compensable END,
+    compensation_attempts = CASE
+        WHEN excluded.compensation_attempts > {STEP_TABLE}.compensation_attempts
+        THEN excluded.compensation_attempts ELSE {STEP_TABLE}.compensation_attempts END,
+    error = CASE WHEN excluded.state IN ('compensating', 'compensated') THEN {STEP_TABLE}.error
+                 ELSE excluded.error END,
+    started_at = COALESCE(excluded.started_at, {STEP_TABLE}.started_at),
+    finished_at = CASE WHEN excluded.state = 'compensating' THEN {STEP_TABLE}.finished_at
+                       ELSE excluded.finished_at END
+WHERE {_guard_sql(STEP_TABLE)}
+"""
+
+
+class OrmStore:
+    name = "orm"
+
+    # --- time ----------------------------------------------------------------------------
+
+    def db_now(self) -> datetime:
+        """The database's clock, now."""
+        compiler = Query(None).get_compiler(connection=connection)
+        sql, params = compiler.compile(Now())
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {sql}", params)
+            return _aware(cursor.fetchone()[0])
+
+    @staticmethod
+    def _later(delta: timedelta) -> ExpressionWrapper:
+        """The database's `now() + delta`, as an expression for an UPDATE."""
+        return ExpressionWrapper(Now() + delta, output_field=DateTimeField())
+
+    # --- claims ------------------------------------------------------------------------------
+
+    def _read_with_now(self, task_id) -> Task | None:
+        return Task.objects.annotate(pilot_db_now=Now()).filter(pk=task_id).first()
+
+    def claim(self, task_id, *, worker: str, lease: timedelta) -> Claimed | None:
+        """pending, or retrying and due, with an attempt left → running (attempts
+        + 1, a new token, the lease), with its audit row; None if there is
+        nothing to claim or another claim won. Due-ness is the database's clock."""
+        task = self._read_with_now(task_id)
+        if task is None:
+            return None
+        now, enqueued_at = _aware(task.pilot_db_now), task.enqueued_at
+        if not task.is_due(now):
+            return None
+        try:
+            self.transition(task, "claim", at=now, actor=f"worker:{worker}",
+                            reason=f"attempt {task.attempts + 1} of {task.max_attempts}",
+                            worker=worker, now=now, lease=lease)
+        except ConcurrentTransition:
+            return None
+        return Claimed(task, now, enqueued_at, worker)
+
+    def resume(self, task_id, *, worker: str, lease: timedelta,
+               after_cancel_of: int | None = None) -> Claimed | None:
+        """Take the compensation phase of a compensating or cancelling task over
+        (`resume`: a new token, the lease). Without `after_cancel_of`: only when no
+        live lease holds it and no backoff is pending. With it: only the worker
+        whose running attempt held token `after_cancel_of` and was cancelled —
+        nothing else happened since (the token moved exactly once)."""
+        task = self._read_with_now(task_id)
+        if task is None:
+            return None
+        now, enqueued_at = _aware(task.pilot_db_now), task.enqueued_at
+        if after_cancel_of is None:
+            if not task.is_resumable(now):
+                return None
+            reason = "took the compensations over"
+        else:
+            if not (task.state == TaskState.CANCELLING
+                    and task.lease_token == after_cancel_of + 1):
+                return None
+            reason = "its running attempt was cancelled: compensating it"
+        try:
+            self.transition(task, "resume", at=now, actor=f"worker:{worker}", reason=reason,
+                            worker=worker, now=now, lease=lease)
+        except ConcurrentTransition:
+            return None
+        return Claimed(task, now, enqueued_at, worker)
+
+    def checkpoints(self, task_id) -> dict[int, StepCheckpoint]:
+        return {cp.index: cp for cp in StepCheckpoint.objects.filter(task_id=task_id)}
+
+    # --- fenced writes -------------------------------------------------------------------------
+
+    def refusal(self, lease: Lease) -> Refused:
+        row = Task.objects.filter(pk=lease.task_id).values_list("state", "lease_token").first()
+        return Refused(lease, *(row or (None, None)))
+
+    def _fence(self, lease: Lease, *, renew: bool, lease_length: timedelta | None) -> None:
+        """Inside a transaction: hold the task row if it still carries our token
+        (extending the lease when `renew`), or raise Refused."""
+        mine = Task.objects.filter(pk=lease.task_id, lease_token=lease.token)
+        if renew:
+            held = mine.update(lease_expires_at=self._later(lease_length))
+        else:
+            held = len(mine.select_for_update().values_list("pk", flat=True))
+        if not held:
+            raise self.refusal(lease)
+
+    def write_steps(self, lease: Lease, rows: list[StepRow], *,
+                    renew_for: timedelta | None = None) -> None:
+        """Fence, then upsert `rows` (never downgrading a step); all or nothing.
+        `renew_for` also extends the lease to the database's now + that long.
+        Raises Refused, writing nothing, when the token is no longer the task's."""
+        with transaction.atomic():  # nested: a savepoint, a refusal undoes only this
+            self._fence(lease, renew=renew_for is not None, lease_length=renew_for)
+            if rows:
+                self.upsert_steps(lease.task_id, rows)
+        if renew_for is not None:
+            lease.clock.mark()
+
+    def renew(self, lease: Lease, *, lease_length: timedelta) -> None:
+        self.write_steps(lease, [], renew_for=lease_length)
+
+    def check(self, lease: Lease) -> None:
+        if not Task.objects.filter(pk=lease.task_id, lease_token=lease.token).exists():
+            raise self.refusal(lease)
+
+    def save_progress(self, lease: Lease, *, index: int, progress) -> None:
+        with transaction.atomic():  # nested: a savepoint, a refusal undoes only this
+            self._fence(lease, renew=False, lease_length=None)
+            StepCheckpoint.objects.filter(task_id=lease.task_id, index=index).update(
+                progress=progress)
+
+    def upsert_steps(self, task_id, rows: list[StepRow]) -> None:
+        """The upsert alone, for a caller that already holds the fence (or the
+        task's row lock) in this transaction."""
+        ops = connection.ops
+        pk = Task._meta.pk.get_db_prep_value(task_id, connection)
+        params = []
+        for r in rows:
+            params += [pk, r.index, r.name, r.state,
+                       None if r.output is None else json.dumps(r.output), r.attempts,
+                       r.compensable, r.compensation_attempts, r.error,
+                       ops.adapt_datetimefield_value(r.started_at),
+                       ops.adapt_datetimefield_value(r.finished_at)]
+        columns = ", ".join(f'"{c}"' for c in STEP_COLUMNS)
+        values = ", ".join(["(" + ", ".join(["%s"] * len(STEP_COLUMNS)) + ")"] * len(rows))
+        with connection.cursor() as cursor:
+            cursor.execute(f"INSERT INTO {STEP_TABLE} ({columns}) VALUES {values} "
+                           f"{UPSERT_ON_CONFLICT}", params)
+
+    # --- transitions ---------------------------------------------------------------------------
+
+    def transition(self, task: Task, name: str, *, at: datetime, actor: str, reason: str = "",
+                   steps: list[StepRow] | tuple = (), set_fields: dict | None = None,
+                   **kwargs) -> None:
+        """Apply django-fsm transition `name` (with `kwargs`) to `task` and persist
+        it as a compare-and-set on the token `task` carries — with its audit row
+        and `steps` — all or nothing. `at` (a database time) stamps the change.
+
+        Raises TransitionNotAllowed if the edge is illegal from the task's state,
+        ConcurrentTransition if the stored task has another token (someone else
+        changed it since it was read). On any failure the in-memory task is left
+        as it was, so it never claims a state the database does not have."""
+        before = {a: task.__dict__.get(a) for a in _ATTNAMES}
+        token, from_state = task.lease_token, task.state
+        try:
+            for attname, value in (set_fields or {}).items():
+                setattr(task, attname, value)
+            getattr(task, name)(**kwargs)
+            task.updated_at = at
+            changed = [a for a in _ATTNAMES if task.__dict__.get(a) != before[a]
+                       or a == "updated_at"]
+            self._persist(task, token, changed, name, from_state, actor, reason, at, list(steps))
+        except BaseException:
+            task.__dict__.update(before)
+            raise
+        task._update_initial_state()
+        emit_on_commit("task_transitioned", task_id=str(task.pk), workflow=task.workflow,
+                       transition=name, from_state=from_state, to_state=task.state,
+                       attempt=task.attempts, actor=actor, trace_id=task.trace_id or None)
+
+    def _persist(self, task, token, changed, name, from_state, actor, reason, at, steps):
+        with transaction.atomic():  # nested: a savepoint, a refusal undoes only this
+            matched = Task.objects.filter(pk=task.pk, lease_token=token).update(
+                **{a: task.__dict__[a] for a in changed})
+            if matched != 1:
+                raise ConcurrentTransition(f"task {task.pk} is no longer at version {token}")
+            TaskTransition.objects.create(task_id=task.pk, transition=name,
+                                          from_state=from_state, to_state=task.state,
+                                          actor=actor[:200], reason=reason, at=at)
+            if steps:
+                self.upsert_steps(task.pk, steps)
+
+    # --- atomic steps --------------------------------------------------------------------------
+
+    def atomic_step(self):
+        """The transaction an atomic step's body and record share."""
+        return transaction.atomic()
+
+    def is_lock_conflict(self, exc: BaseException) -> bool:
+        """A transaction refused because another writer won (retry it whole)."""
+        return False
+
+    # --- triggers ---------------------------------------------------------------------------
+
+    def create_or_replay(self, task: Task):
+        """A fast path for one trigger (see PostgresStore); None: take the general path."""
+        return None
+
+
+class SqliteStore(OrmStore):
+    """SQLite allows one writer at a time. Connections begin IMMEDIATE (every
+    transaction takes the write lock at BEGIN, so two writers queue on the busy
+    timeout instead of failing on a lock upgrade). An atomic step's transaction
+    instead begins DEFERRED: its body reads without the lock and takes it at its
+    first write, so a step that computes or waits before writing does not hold
+    the whole database for its duration. If another writer committed since the
+    step's first read, SQLite refuses the upgrade (SQLITE_BUSY): the step's
+    transaction rolled back entirely and the runner runs it again
+    (`is_lock_conflict`)."""
+
+    name = "sqlite"
+
+    @contextlib.contextmanager
+    def atomic_step(self):
+        if connection.in_atomic_block:
+            with transaction.atomic():
+                yield
+            return
+        connection.ensure_connection()
+        mode = connection.transaction_mode
+        connection.transaction_mode = "DEFERRED"
+        try:
+            with transaction.atomic():
+                connection.transaction_mode = mode  # only this BEGIN is deferred
+                yield
+        finally:
+            connection.transaction_mode = mode
+
+    def is_lock_conflict(self, exc: BaseException) -> bool:
+        return "database is locked" in str(exc) or "database table is locked" in str(exc)
+
+
+__all__ = ["Claimed", "OrmStore", "SqliteStore"]

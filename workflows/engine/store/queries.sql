@@ -1,0 +1,263 @@
+-- PILOT's hot statements on PostgreSQL, one per verb, each complete in one round
+-- trip (docs/design.md, "The store"). Loaded by postgres.py: a query starts at
+-- its "-- name: <verb>" line and runs to the next one. Parameters are named
+-- (%(name)s). Every time is the database's own (statement_timestamp()); every
+-- worker write names the exact lease token it holds.
+--
+-- The portable store (orm.py) does the same with Django's ORM; the contract
+-- suite (tests/engine/store/) runs both and compares the rows they leave.
+
+-- name: db_now
+SELECT statement_timestamp();
+
+-- name: claim
+-- pending, or retrying and due, with an attempt left -> running: attempts + 1, a
+-- new token, the lease; with its audit row. The candidate row is locked first,
+-- so a racing claim waits and then finds it no longer claimable (the WHERE is
+-- re-checked on the row it locks). No row back: nothing to claim.
+WITH prior AS (
+    SELECT id, state, enqueued_at FROM workflows_task
+     WHERE id = %(task_id)s AND attempts < max_attempts
+       AND (state = 'pending'
+            OR (state = 'retrying'
+                AND (next_attempt_at IS NULL OR next_attempt_at <= statement_timestamp())))
+       FOR UPDATE
+), claimed AS (
+    UPDATE workflows_task AS t
+       SET state = 'running', attempts = t.attempts + 1, lease_token = t.lease_token + 1,
+           lease_owner = %(worker)s,
+           lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
+           next_attempt_at = NULL, enqueued_at = NULL,
+           started_at = COALESCE(t.started_at, statement_timestamp()),
+           updated_at = statement_timestamp()
+      FROM prior
+     WHERE t.id = prior.id
+    RETURNING t.*, prior.state AS pilot_from_state, prior.enqueued_at AS pilot_enqueued_at,
+              statement_timestamp() AS pilot_db_now
+), audit AS (
+    INSERT INTO workflows_tasktransition (task_id, transition, from_state, to_state, actor,
+                                          reason, at)
+    SELECT id, 'claim', pilot_from_state, 'running', %(actor)s,
+           'attempt ' || attempts || ' of ' || max_attempts, statement_timestamp()
+      FROM claimed
+)
+SELECT * FROM claimed;
+
+-- name: resume
+-- compensating or cancelling, no live lease, no backoff pending -> the same
+-- state under a new token and this worker's lease (a take-over of the
+-- compensation phase); with its audit row.
+WITH prior AS (
+    SELECT id, state, enqueued_at FROM workflows_task
+     WHERE id = %(task_id)s AND state IN ('compensating', 'cancelling')
+       AND (lease_expires_at IS NULL OR lease_expires_at < statement_timestamp())
+       AND (next_attempt_at IS NULL OR next_attempt_at <= statement_timestamp())
+       FOR UPDATE
+), resumed AS (
+    UPDATE workflows_task AS t
+       SET lease_token = t.lease_token + 1, lease_owner = %(worker)s,
+           lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
+           next_attempt_at = NULL, enqueued_at = NULL, updated_at = statement_timestamp()
+      FROM prior
+     WHERE t.id = prior.id
+    RETURNING t.*, prior.state AS pilot_from_state, prior.enqueued_at AS pilot_enqueued_at,
+              statement_timestamp() AS pilot_db_now
+), audit AS (
+    INSERT INTO workflows_tasktransition (task_id, transition, from_state, to_state, actor,
+                                          reason, at)
+    SELECT id, 'resume', pilot_from_state, pilot_from_state, %(actor)s,
+           'took the compensations over', statement_timestamp()
+      FROM resumed
+)
+SELECT * FROM resumed;
+
+-- name: resume_after_cancel
+-- The worker whose running attempt held %(token)s takes the cancel of that very
+-- attempt over: only if the cancel is the one change since (cancelling, token + 1).
+WITH prior AS (
+    SELECT id, state, enqueued_at FROM workflows_task
+     WHERE id = %(task_id)s AND state = 'cancelling' AND lease_token = %(token)s + 1
+       FOR UPDATE
+), resumed AS (
+    UPDATE workflows_task AS t
+       SET lease_token = t.lease_token + 1, lease_owner = %(worker)s,
+           lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
+           next_attempt_at = NULL, enqueued_at = NULL, updated_at = statement_timestamp()
+      FROM prior
+     WHERE t.id = prior.id
+    RETURNING t.*, prior.state AS pilot_from_state, prior.enqueued_at AS pilot_enqueued_at,
+              statement_timestamp() AS pilot_db_now
+), audit AS (
+    INSERT INTO workflows_tasktransition (task_id, transition, from_state, to_state, actor,
+                                          reason, at)
+    SELECT id, 'resume', pilot_from_state, pilot_from_state, %(actor)s,
+           'its running attempt was cancelled: compensating it', statement_timestamp()
+      FROM resumed
+)
+SELECT * FROM resumed;
+
+-- name: write_steps
+-- Fence (hold the task row FOR SHARE if it still carries our token: a cancel
+-- waits for this write instead of slipping under it), then upsert the step
+-- rows. A row may only move forward (states.STEP_OVERWRITES): a succeeded step
+-- is never downgraded, a finished compensation never redone. "fenced" is false
+-- when the token is no longer the task's; then nothing was written.
+WITH fence AS (
+    SELECT id FROM workflows_task
+     WHERE id = %(task_id)s AND lease_token = %(token)s
+       FOR SHARE
+), written AS (
+    INSERT INTO workflows_stepcheckpoint
+           (task_id, "index", name, state, output, attempts, compensable,
+            compensation_attempts, error, started_at, finished_at)
+    SELECT fence.id, v.*
+      FROM fence,
+           unnest(%(index)s::int[], %(name)s::text[], %(state)s::text[],
+                  %(output)s::jsonb[], %(attempts)s::int[], %(compensable)s::bool[],
+                  %(compensation_attempts)s::int[], %(error)s::text[],
+                  %(started_at)s::timestamptz[], %(finished_at)s::timestamptz[]) AS v
+     WHERE true  -- ends the SELECT: ON CONFLICT below is the INSERT's
+    {on_conflict}
+    RETURNING 1
+)
+SELECT EXISTS (SELECT FROM fence) AS fenced;
+
+-- name: write_steps_renew
+-- write_steps that also extends the lease to the database's now + the lease length.
+WITH fence AS (
+    UPDATE workflows_task
+       SET lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s)
+     WHERE id = %(task_id)s AND lease_token = %(token)s
+    RETURNING id
+), written AS (
+    INSERT INTO workflows_stepcheckpoint
+           (task_id, "index", name, state, output, attempts, compensable,
+            compensation_attempts, error, started_at, finished_at)
+    SELECT fence.id, v.*
+      FROM fence,
+           unnest(%(index)s::int[], %(name)s::text[], %(state)s::text[],
+                  %(output)s::jsonb[], %(attempts)s::int[], %(compensable)s::bool[],
+                  %(compensation_attempts)s::int[], %(error)s::text[],
+                  %(started_at)s::timestamptz[], %(finished_at)s::timestamptz[]) AS v
+     WHERE true  -- ends the SELECT: ON CONFLICT below is the INSERT's
+    {on_conflict}
+    RETURNING 1
+)
+SELECT EXISTS (SELECT FROM fence) AS fenced;
+
+-- name: renew
+-- A heartbeat: extend the lease if the task still carries our token.
+UPDATE workflows_task
+   SET lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s)
+ WHERE id = %(task_id)s AND lease_token = %(token)s
+RETURNING id;
+
+-- name: check
+-- The read-only fence: does the task still carry our token?
+SELECT id FROM workflows_task WHERE id = %(task_id)s AND lease_token = %(token)s;
+
+-- name: save_progress
+-- A step's cursor, fenced like every other write.
+WITH fence AS (
+    SELECT id FROM workflows_task
+     WHERE id = %(task_id)s AND lease_token = %(token)s
+       FOR SHARE
+), saved AS (
+    UPDATE workflows_stepcheckpoint AS s SET progress = %(progress)s::jsonb
+      FROM fence
+     WHERE s.task_id = fence.id AND s."index" = %(index)s
+    RETURNING 1
+)
+SELECT EXISTS (SELECT FROM fence) AS fenced;
+
+-- name: task_version
+-- Why a fenced write was refused: the task's state and token now.
+SELECT state, lease_token FROM workflows_task WHERE id = %(task_id)s;
+
+-- name: create_task
+-- A trigger for a new key: insert the pending task unless (owner, key) exists;
+-- the unique constraint arbitrates between concurrent triggers. Its times are
+-- the database's. A row back: this call created it.
+INSERT INTO workflows_task
+       (id, owner_id, idempotency_key, workflow, payload, fingerprint, state, error,
+        error_type, attempts, max_attempts, lease_token, lease_owner, replays, source,
+        trace_id, created_at, updated_at, enqueued_at)
+VALUES (%(id)s, %(owner_id)s, %(key)s, %(workflow)s, %(payload)s::jsonb, %(fingerprint)s,
+        'pending', '', '', 0, %(max_attempts)s, 0, '', 0, %(source)s, %(trace_id)s,
+        statement_timestamp(), statement_timestamp(), statement_timestamp())
+ON CONFLICT (owner_id, idempotency_key) DO NOTHING
+RETURNING created_at;
+
+-- name: replay
+-- A trigger for a key that exists, as the same request, in a state that replays
+-- (pending, running, retrying, compensating, or succeeded and not expired): count
+-- the replay and log when, return the task with its steps. The UPDATE takes the
+-- row lock and re-checks its WHERE under it. No row back: the general path decides.
+WITH rep AS (
+    UPDATE workflows_task
+       SET replays = replays + 1, last_replayed_at = statement_timestamp()
+     WHERE owner_id = %(owner_id)s AND idempotency_key = %(key)s
+       AND fingerprint = %(fingerprint)s
+       AND (state IN ('pending', 'running', 'retrying', 'compensating')
+            OR (state = 'succeeded'
+                AND (expires_at IS NULL OR expires_at > statement_timestamp())))
+    RETURNING *
+), logged AS (
+    INSERT INTO workflows_taskreplay (task_id, workflow, count, at)
+    SELECT id, workflow, 1, statement_timestamp() FROM rep
+)
+SELECT rep.*,
+       (SELECT json_agg(json_build_object(
+                   'index', s."index", 'name', s.name, 'state', s.state,
+                   'attempts', s.attempts, 'output', s.output, 'error', s.error,
+                   'started_at', s.started_at, 'finished_at', s.finished_at)
+                ORDER BY s."index")
+          FROM workflows_stepcheckpoint s WHERE s.task_id = rep.id) AS pilot_steps
+  FROM rep;
+
+-- name: transition
+-- Persist a transition django-fsm applied in memory: {sets} is its diff (the
+-- columns it changed), written only where the task still carries the token it
+-- was read with; the audit row goes in with it or not at all. No row back: the
+-- task changed since it was read (ConcurrentTransition).
+WITH changed AS (
+    UPDATE workflows_task SET {sets}
+     WHERE id = %(task_id)s AND lease_token = %(token)s
+    RETURNING id
+), audit AS (
+    INSERT INTO workflows_tasktransition (task_id, transition, from_state, to_state, actor,
+                                          reason, at)
+    SELECT id, %(transition)s, %(from_state)s, %(to_state)s, %(actor)s, %(reason)s, %(at)s
+      FROM changed
+    RETURNING id
+)
+SELECT id FROM audit;
+
+-- name: transition_with_steps
+-- transition, with step rows written in the same statement (a step's success
+-- with the task's, a failed step with its retry).
+WITH changed AS (
+    UPDATE workflows_task SET {sets}
+     WHERE id = %(task_id)s AND lease_token = %(token)s
+    RETURNING id
+), audit AS (
+    INSERT INTO workflows_tasktransition (task_id, transition, from_state, to_state, actor,
+                                          reason, at)
+    SELECT id, %(transition)s, %(from_state)s, %(to_state)s, %(actor)s, %(reason)s, %(at)s
+      FROM changed
+    RETURNING id
+), written AS (
+    INSERT INTO workflows_stepcheckpoint
+           (task_id, "index", name, state, output, attempts, compensable,
+            compensation_attempts, error, started_at, finished_at)
+    SELECT changed.id, v.*
+      FROM changed,
+           unnest(%(index)s::int[], %(name)s::text[], %(state)s::text[],
+                  %(output)s::jsonb[], %(attempts)s::int[], %(compensable)s::bool[],
+                  %(compensation_attempts)s::int[], %(error)s::text[],
+                  %(started_at)s::timestamptz[], %(finished_at)s::timestamptz[]) AS v
+     WHERE true  -- ends the SELECT: ON CONFLICT below is the INSERT's
+    {on_conflict}
+    RETURNING 1
+)
+SELECT id FROM audit;
