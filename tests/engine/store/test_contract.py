@@ -1,0 +1,295 @@
+"""The store contract (docs/design.md, "The store"): every verb, run on the
+database's own store (literal SQL on PostgreSQL) and on the portable ORM store,
+with the same expectations — so the two can never drift apart."""
+
+import itertools
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db.models.functions import Now
+from django_fsm import ConcurrentTransition
+
+from tests.factories import make_task
+from workflows.engine.leases import Lease, Refused
+from workflows.engine.store import rows
+from workflows.models import StepCheckpoint, Task, TaskTransition
+from workflows.states import STEP_OVERWRITES, StepState
+from workflows.states import TaskState as S
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LEASE = timedelta(seconds=60)
+
+
+def fields(task_id) -> dict:
+    row = Task.objects.filter(pk=task_id).values().get()
+    for name in ("updated_at", "created_at"):
+        row.pop(name)
+    return row
+
+
+def history(task_id) -> list[tuple]:
+    return list(TaskTransition.objects.filter(task_id=task_id).order_by("id").values_list(
+        "transition", "from_state", "to_state", "actor", "reason"))
+
+
+def db_now():
+    return Task.objects.annotate(n=Now()).values_list("n", flat=True)[:1].get() \
+        if Task.objects.exists() else None
+
+
+def near(a, b, seconds=2.0) -> bool:
+    return abs((a - b).total_seconds()) < seconds
+
+
+# --- claim -----------------------------------------------------------------------------------
+
+def test_claim_moves_a_pending_task_to_running_with_a_new_version(any_store, owner):
+    task = make_task(owner)
+    enqueued = task.enqueued_at
+    claimed = any_store.claim(task.pk, worker="w1", lease=LEASE)
+    assert claimed is not None and claimed.worker == "w1"
+    row = fields(task.pk)
+    assert (row["state"], row["attempts"], row["lease_token"], row["lease_owner"]) == (
+        S.RUNNING, 1, 1, "w1")
+    assert row["next_attempt_at"] is None and row["enqueued_at"] is None
+    assert near(row["lease_expires_at"], claimed.db_now + LEASE)
+    assert row["started_at"] is not None and near(row["started_at"], claimed.db_now)
+    assert claimed.enqueued_at == enqueued
+    assert claimed.lease == Lease(task.pk, 1, "w1")
+    assert {k: getattr(claimed.task, k) for k in ("state", "attempts", "lease_token")} == {
+        "state": S.RUNNING, "attempts": 1, "lease_token": 1}
+    assert history(task.pk) == [("claim", "pending", "running", "worker:w1", "attempt 1 of 3")]
+
+
+REFUSED = {
+    "running": lambda owner: make_task(owner, state=S.RUNNING),
+    "succeeded": lambda owner: make_task(owner, state=S.SUCCEEDED),
+    "failed": lambda owner: make_task(owner, state=S.FAILED),
+    "cancelled": lambda owner: make_task(owner, state=S.CANCELLED),
+    "cancelling": lambda owner: make_task(owner, state=S.CANCELLING),
+    "compensating": lambda owner: make_task(owner, state=S.COMPENSATING),
+    "retry_not_due": lambda owner: _retrying(owner, due_in=30),
+    "no_attempt_left": lambda owner: _retrying(owner, due_in=-1, attempts_left=0),
+}
+
+
+def _retrying(owner, *, due_in: float, attempts_left: int = 2):
+    task = make_task(owner, state=S.RETRYING, max_attempts=1 + attempts_left)
+    Task.objects.filter(pk=task.pk).update(next_attempt_at=Now() + timedelta(seconds=due_in))
+    return task
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_claim_refuses_what_is_not_claimable_and_changes_nothing(any_store, owner, case):
+    task = REFUSED[case](owner)
+    before, audit = fields(task.pk), history(task.pk)
+    assert any_store.claim(task.pk, worker="w", lease=LEASE) is None
+    assert (fields(task.pk), history(task.pk)) == (before, audit)
+
+
+def test_claim_takes_a_due_retry_and_nothing_for_a_missing_task(any_store, owner):
+    task = _retrying(owner, due_in=-0.001)
+    claimed = any_store.claim(task.pk, worker="w", lease=LEASE)
+    assert claimed is not None and claimed.task.attempts == 2 and claimed.task.lease_token == 3
+    assert history(task.pk)[-1][:3] == ("claim", "retrying", "running")
+    assert any_store.claim(uuid.uuid4(), worker="w", lease=LEASE) is None
+
+
+def test_a_second_claim_of_the_same_task_finds_nothing(any_store, owner):
+    task = make_task(owner)
+    assert any_store.claim(task.pk, worker="a", lease=LEASE) is not None
+    assert any_store.claim(task.pk, worker="b", lease=LEASE) is None
+    assert fields(task.pk)["lease_owner"] == "a"
+
+
+# --- resume ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("state", [S.COMPENSATING, S.CANCELLING])
+def test_resume_takes_a_phase_nobody_holds(any_store, owner, state):
+    task = make_task(owner, state=state)
+    Task.objects.filter(pk=task.pk).update(lease_expires_at=Now() - timedelta(seconds=1))
+    token = fields(task.pk)["lease_token"]
+    claimed = any_store.resume(task.pk, worker="r", lease=LEASE)
+    assert claimed is not None
+    row = fields(task.pk)
+    assert (row["state"], row["lease_token"], row["lease_owner"], row["attempts"]) == (
+        state, token + 1, "r", 1)
+    assert near(row["lease_expires_at"], claimed.db_now + LEASE)
+    assert history(task.pk)[-1] == ("resume", state, state, "worker:r",
+                                    "took the compensations over")
+
+
+RESUME_REFUSED = {
+    "live_lease": lambda t: Task.objects.filter(pk=t.pk).update(
+        lease_expires_at=Now() + timedelta(seconds=30)),
+    "backoff_pending": lambda t: Task.objects.filter(pk=t.pk).update(
+        lease_expires_at=None, next_attempt_at=Now() + timedelta(seconds=30)),
+}
+
+
+@pytest.mark.parametrize("case", RESUME_REFUSED)
+def test_resume_refuses_a_held_or_waiting_phase(any_store, owner, case):
+    task = make_task(owner, state=S.COMPENSATING)
+    RESUME_REFUSED[case](task)
+    before = fields(task.pk)
+    assert any_store.resume(task.pk, worker="r", lease=LEASE) is None
+    assert fields(task.pk) == before
+    for state in (S.PENDING, S.RUNNING, S.FAILED):
+        assert any_store.resume(make_task(owner, state=state).pk, worker="r",
+                                lease=LEASE) is None
+
+
+def test_resume_after_a_cancel_is_for_the_cancelled_run_only(any_store, owner):
+    task = make_task(owner)
+    claimed = any_store.claim(task.pk, worker="a", lease=LEASE)
+    from workflows.engine.operations import task_cancel
+
+    task_cancel(task_id=task.pk, user=owner)
+    assert any_store.resume(task.pk, worker="a", lease=LEASE,
+                            after_cancel_of=claimed.lease.token - 1) is None
+    mine = any_store.resume(task.pk, worker="a", lease=LEASE,
+                            after_cancel_of=claimed.lease.token)
+    assert mine is not None and mine.task.lease_token == claimed.lease.token + 2
+    assert history(task.pk)[-1][:3] == ("resume", "cancelling", "cancelling")
+    assert any_store.resume(task.pk, worker="a", lease=LEASE,
+                            after_cancel_of=claimed.lease.token) is None
+
+
+# --- step writes -------------------------------------------------------------------------------
+
+@pytest.fixture
+def held(any_store, owner):
+    task = make_task(owner)
+    return any_store.claim(task.pk, worker="w", lease=LEASE)
+
+
+def _store_step(task_id, state, **extra):
+    StepCheckpoint.objects.update_or_create(task_id=task_id, index=0, defaults={
+        "name": "s", "state": state, "output": {"stored": True}, "attempts": 2,
+        "compensable": True, "compensation_attempts": 1, "error": "stored error", **extra})
+
+
+def _row_for(state, now):
+    return {
+        StepState.RUNNING: rows.started(0, "s", 3, now),
+        StepState.SUCCEEDED: rows.succeeded(0, "s", {"new": True}, now, compensable=True),
+        StepState.FAILED: rows.failed(0, "s", "new error", now),
+        StepState.COMPENSATING: rows.compensation_started(0, "s", 2),
+        StepState.COMPENSATED: rows.compensated(0, "s", now),
+        StepState.COMPENSATION_FAILED: rows.compensation_failed(0, "s", "no", now),
+    }[state]
+
+
+@pytest.mark.parametrize("stored, written", list(itertools.product(
+    StepState.values, [s for s in StepState.values if s != StepState.PENDING])))
+def test_a_step_row_only_moves_forward(any_store, held, stored, written):
+    """states.STEP_OVERWRITES, enforced by the upsert itself: a succeeded step is
+    never downgraded, a finished compensation never redone."""
+    _store_step(held.task.pk, stored)
+    any_store.write_steps(held.lease, [_row_for(written, held.db_now)])
+    now = StepCheckpoint.objects.get(task_id=held.task.pk, index=0).state
+    assert now == (written if stored in STEP_OVERWRITES[written] else stored)
+
+
+def test_a_new_step_row_is_inserted_and_an_upsert_keeps_what_it_does_not_say(any_store, held):
+    task_id, now = held.task.pk, held.db_now
+    any_store.write_steps(held.lease, [rows.started(0, "s", 1, now)])
+    any_store.write_steps(held.lease, [rows.succeeded(0, "s", {"out": 1}, now,
+                                                      compensable=True),
+                                       rows.started(1, "t", 1, now)])
+    cp = StepCheckpoint.objects.get(task_id=task_id, index=0)
+    assert (cp.state, cp.output, cp.compensable, cp.attempts, cp.started_at) == (
+        "succeeded", {"out": 1}, True, 1, now)
+    any_store.write_steps(held.lease, [rows.compensation_started(0, "s", 1)])
+    any_store.write_steps(held.lease, [rows.compensated(0, "s", now)])
+    cp.refresh_from_db()
+    # The compensation keeps the forward step's output, attempts, start and flag.
+    assert (cp.state, cp.output, cp.compensable, cp.attempts, cp.compensation_attempts,
+            cp.started_at) == ("compensated", {"out": 1}, True, 1, 1, now)
+    second = StepCheckpoint.objects.get(task_id=task_id, index=1)
+    assert (second.state, second.attempts, second.output) == ("running", 1, None)
+
+
+def test_every_step_write_is_refused_with_another_token(any_store, held):
+    stale = Lease(held.task.pk, held.lease.token - 1, "w")
+    for write in (lambda: any_store.write_steps(stale, [rows.started(0, "s", 1, held.db_now)]),
+                  lambda: any_store.write_steps(stale, [], renew_for=LEASE),
+                  lambda: any_store.renew(stale, lease_length=LEASE),
+                  lambda: any_store.check(stale),
+                  lambda: any_store.save_progress(stale, index=0, progress=1)):
+        with pytest.raises(Refused) as refused:
+            write()
+        assert (refused.value.state, refused.value.token) == (S.RUNNING, held.lease.token)
+    assert not StepCheckpoint.objects.filter(task_id=held.task.pk).exists()
+    with pytest.raises(Refused) as gone:
+        any_store.check(Lease(uuid.uuid4(), 1, "w"))
+    assert (gone.value.state, gone.value.token) == (None, None)
+
+
+def test_renewal_extends_the_lease_from_the_databases_clock(any_store, held):
+    Task.objects.filter(pk=held.task.pk).update(lease_expires_at=Now())
+    any_store.renew(held.lease, lease_length=timedelta(seconds=300))
+    row = fields(held.task.pk)
+    assert near(row["lease_expires_at"], held.db_now + timedelta(seconds=300), seconds=5)
+    any_store.write_steps(held.lease, [rows.started(0, "s", 1, held.db_now)],
+                          renew_for=timedelta(seconds=30))
+    assert near(fields(held.task.pk)["lease_expires_at"], held.db_now + timedelta(seconds=30),
+                seconds=5)
+
+
+def test_progress_is_saved_under_the_fence(any_store, held):
+    any_store.write_steps(held.lease, [rows.started(0, "s", 1, held.db_now)])
+    any_store.save_progress(held.lease, index=0, progress={"cursor": 41})
+    assert StepCheckpoint.objects.get(task_id=held.task.pk, index=0).progress == {"cursor": 41}
+
+
+# --- transitions -------------------------------------------------------------------------------
+
+def test_a_transition_persists_its_diff_audit_and_steps_together(any_store, held):
+    task, now = held.task, held.db_now
+    any_store.transition(task, "succeed", at=now, actor="worker:w", reason="done",
+                         result={"r": 1}, now=now, ttl=timedelta(hours=1),
+                         steps=[rows.succeeded(0, "s", {"r": 1}, now, compensable=False)])
+    row = fields(task.pk)
+    assert (row["state"], row["lease_token"], row["result"], row["lease_owner"]) == (
+        S.SUCCEEDED, 2, {"r": 1}, "")
+    assert row["expires_at"] - row["finished_at"] == timedelta(hours=1)
+    assert (task.state, task.lease_token) == (S.SUCCEEDED, 2)
+    assert history(task.pk)[-1] == ("succeed", "running", "succeeded", "worker:w", "done")
+    assert StepCheckpoint.objects.get(task_id=task.pk, index=0).output == {"r": 1}
+
+
+def test_a_refused_transition_writes_nothing_and_leaves_the_copy_as_it_was(any_store, held):
+    stale = Task.objects.get(pk=held.task.pk)
+    any_store.transition(held.task, "schedule_retry", at=held.db_now, actor="w", error="e",
+                         error_type="E", next_attempt_at=held.db_now)
+    before, audit = fields(held.task.pk), history(held.task.pk)
+    with pytest.raises(ConcurrentTransition):
+        any_store.transition(stale, "succeed", at=held.db_now, actor="w", result=1,
+                             now=held.db_now, ttl=timedelta(hours=1),
+                             steps=[rows.succeeded(0, "s", 1, held.db_now, compensable=False)])
+    assert (stale.state, stale.lease_token, stale.result) == (S.RUNNING, 1, None)
+    assert (fields(held.task.pk), history(held.task.pk)) == (before, audit)
+    assert not StepCheckpoint.objects.filter(task_id=held.task.pk).exists()
+
+
+@pytest.mark.postgres
+def test_the_literal_claim_and_the_fsm_claim_leave_the_same_row(owner):
+    """The PostgreSQL store claims without django-fsm in the loop; hold its row
+    to the one django-fsm's `claim` produces through the ORM store."""
+    from workflows.engine.store.orm import OrmStore
+    from workflows.engine.store.postgres import PostgresStore
+
+    results = []
+    for store_ in (PostgresStore(), OrmStore()):
+        task = make_task(owner, state=S.RETRYING)
+        Task.objects.filter(pk=task.pk).update(next_attempt_at=Now() - timedelta(seconds=1))
+        claimed = store_.claim(task.pk, worker="same", lease=LEASE)
+        row = fields(task.pk)
+        for name in ("id", "idempotency_key", "lease_expires_at", "started_at"):
+            row.pop(name)
+        results.append((row, [h[:4] + (h[4],) for h in history(task.pk)][-1],
+                        claimed.task.lease_token))
+    assert results[0] == results[1]

@@ -1,0 +1,404 @@
+"""A model-based test of the whole engine (docs/design.md, "Execution"): a
+hypothesis state machine drives one task of a three-step saga through the real
+engine with several actors interleaved at the points where the engine writes
+something durable —
+
+- two workers, each a run paused after every durable write (`Run.steps()`),
+  that may be started at any time (a duplicate delivery, a redelivery),
+  advanced, crashed between two writes or in the middle of a step body;
+- the dispatcher; the database's clock, advanced for the task (leases run out,
+  backoffs elapse); a lost reply to an atomic step's COMMIT;
+- the owner and an operator: re-trigger (same or different request), cancel,
+  retry, retry from the start; steps and compensations that succeed, fail
+  retryably or fail for good.
+
+After every rule, invariants the database does not enforce by itself:
+
+- an atomic effect (ledger row) happens exactly once per time its checkpoint
+  enters the state that records it (the step succeeded, its compensation
+  compensated); a plain effect at most once per started attempt;
+- a worker holding a stale token never changes anything (task, steps, ledger);
+- the audit trail is a chain of legal edges ending in the task's state; a
+  finished task owes no compensation and has no step left running;
+- at the end, with the failures switched off and the workers running, every
+  task reaches a final state.
+
+The step count and example budget are set so that CI's PostgreSQL pass runs
+at least 2 000 examples (PILOT_MODEL_EXAMPLES overrides, e.g. for a long soak).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import OperationalError, connection
+from django.db.models.functions import Now
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+from hypothesis.strategies import booleans, integers, sampled_from
+
+from tests.faults.invariants import violations
+from workflows.engine import faults
+from workflows.engine.dispatcher import dispatch_once
+from workflows.engine.operations import task_cancel, task_retry
+from workflows.engine.runner import Run
+from workflows.engine.triggers import task_trigger
+from workflows.errors import (
+    IdempotencyKeyReused,
+    InvalidTransition,
+    NonRetryableError,
+    RetryableError,
+    TaskCancelled,
+)
+from workflows.models import DemoLedger, StepCheckpoint, Task, TaskReplay, TaskTransition
+from workflows.registry import registry
+from workflows.states import FINISHED_STATES, TO_COMPENSATE, StepState
+from workflows.states import TaskState as S
+
+pytestmark = pytest.mark.django_db
+
+WORKFLOW = "test.model_saga"
+KEY = "model-key"
+BEHAVIOURS = ("ok", "retryable", "fatal")
+
+# What the steps and compensations do, set by the rules; the plain steps'
+# effects (an "external system") are counted here, the atomic ones are ledger rows.
+MODE = {"c": "ok", "undo_b": "ok"}
+EFFECTS: Counter = Counter()
+
+
+def _ledger(ctx, action):
+    DemoLedger.objects.create(task=ctx.task_id, action=action)
+
+
+def _a(ctx):
+    _ledger(ctx, "a")
+    return "a"
+
+
+def _undo_a(ctx):
+    _ledger(ctx, "undo_a")
+
+
+def _b(ctx):
+    EFFECTS["b"] += 1
+    return "b"
+
+
+def _undo_b(ctx):
+    EFFECTS["undo_b"] += 1
+    _behave(MODE["undo_b"])
+
+
+def _c(ctx):
+    EFFECTS["c"] += 1
+    _behave(MODE["c"])
+    return "c"
+
+
+def _behave(mode):
+    if mode == "retryable":
+        raise RetryableError("transient")
+    if mode == "fatal":
+        raise NonRetryableError("permanent")
+
+
+if registry.find(WORKFLOW) is None:
+    _wf = registry.define(WORKFLOW, max_attempts=3, backoff_initial=0.5, backoff_max=0.5)
+    _wf.add_step("a", _a, atomic=True, compensation=_undo_a)
+    _wf.add_step("b", _b, compensation=_undo_b)
+    _wf.add_step("c", _c)
+
+
+def _audit_chain(task) -> list[str]:
+    """The task's history is a chain of legal edges ending in its state."""
+    from tests.faults.invariants import LEGAL_EDGES
+
+    found, at = [], S.PENDING
+    for name, source, target in TaskTransition.objects.filter(task_id=task.pk).order_by(
+            "id").values_list("transition", "from_state", "to_state"):
+        if (name, source, target) not in LEGAL_EDGES:
+            found.append(f"illegal edge {name} {source}->{target}")
+        if source != at:
+            found.append(f"{name} from {source} but it was {at}")
+        at = target
+    if at != task.state:
+        found.append(f"history ends in {at} but the task is {task.state}")
+    return found
+
+
+def _snapshot():
+    task = Task.objects.filter(idempotency_key=KEY).values().first()
+    if task:
+        for name in ("updated_at", "replays", "last_replayed_at", "enqueued_at"):
+            task.pop(name)
+    steps = sorted(StepCheckpoint.objects.values_list("index", "state", "attempts",
+                                                      "compensation_attempts", "progress"))
+    return task, steps, DemoLedger.objects.count()
+
+
+class EngineMachine(RuleBasedStateMachine):
+    """One key, one task (re-created only after it expires, which we never let
+    happen), two workers, a dispatcher, an owner who is also the operator."""
+
+    @initialize(step=sampled_from(BEHAVIOURS), compensation=sampled_from(BEHAVIOURS))
+    def fresh(self, step, compensation):
+        for model in (DemoLedger, TaskTransition, StepCheckpoint, TaskReplay, Task):
+            model.objects.all().delete()
+        self.owner, _ = get_user_model().objects.get_or_create(username="model-owner")
+        MODE.update(c=step, undo_b=compensation)
+        EFFECTS.clear()
+        self.task_id = None  # the key never expires here: one task for the whole example
+        self.workers: dict[int, Run] = {}
+        self.runs: dict[int, object] = {}
+        self.entries = Counter()     # times a checkpoint entered succeeded / compensated
+        self.baseline = Counter()    # plain compensation effects before the last retry
+        self.last_states: dict[str, str] = {}
+        self.trigger(same=True)  # the first delivery's task; the rules go on from there
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def task(self) -> Task | None:
+        return Task.objects.filter(pk=self.task_id).first() if self.task_id else None
+
+    def _observe(self, cps=None) -> None:
+        """Count checkpoints entering the states whose effects are exactly-once."""
+        states = ({name: cp.state for name, cp in cps.items()} if cps is not None else
+                  dict(StepCheckpoint.objects.values_list("name", "state")))
+        for name, state in states.items():
+            before = self.last_states.get(name)
+            if state != before and state in (StepState.SUCCEEDED, StepState.COMPENSATED):
+                self.entries[(name, state)] += 1
+        self.last_states = states
+
+    def _stale(self, i: int) -> bool:
+        run = self.workers[i]
+        task = self.task()
+        if run.lease is None or task is None:
+            return False
+        if task.lease_token == run.lease.token:
+            return False
+        # The one move a refused worker may still make: take its own cancelled run over.
+        return not (task.state == S.CANCELLING and task.lease_token == run.lease.token + 1
+                    and run.task.state == S.RUNNING)
+
+    def _advance(self, i: int, points: int = 1) -> None:
+        """Let worker i go on to its `points`-th next durable write (or its end)."""
+        for _ in range(points):
+            if i not in self.runs:
+                return
+            stale = self._stale(i)
+            before = _snapshot() if stale else None
+            try:
+                next(self.runs[i])
+            except StopIteration:
+                del self.runs[i], self.workers[i]
+            if stale:
+                assert _snapshot() == before, f"worker {i} wrote with a stale token"
+
+    # --- the owner and the operator ------------------------------------------------------------
+
+    @rule(same=booleans())
+    def trigger(self, same):
+        task = self.task()
+        if task is None:
+            payload = {"p": 1 if same else 2}
+        else:
+            payload = task.payload if same else {"p": -task.payload["p"]}
+        try:
+            outcome = task_trigger(owner=self.owner, key=KEY, workflow=WORKFLOW,
+                                   payload=payload)
+        except IdempotencyKeyReused:
+            assert task is not None and not same
+            return
+        except TaskCancelled:
+            assert task is not None and task.state in (S.CANCELLING, S.CANCELLED)
+            return
+        assert same or task is None
+        if task is None:
+            assert outcome.outcome == "created"
+            self.task_id = outcome.task.pk
+        elif task.state == S.FAILED:
+            assert outcome.outcome == "restarted"
+            self._retried()
+        else:
+            assert outcome.outcome == "replayed"
+
+    @precondition(lambda self: self.task_id is not None)
+    @rule()
+    def cancel(self):
+        task = self.task()
+        try:
+            after = task_cancel(task_id=task.pk, user=self.owner)
+        except InvalidTransition:
+            assert task.state not in (S.PENDING, S.RETRYING, S.RUNNING)
+            return
+        assert task.state in (S.PENDING, S.RETRYING, S.RUNNING)
+        assert after.state in (S.CANCELLED, S.CANCELLING)
+
+    @precondition(lambda self: self.task_id is not None)
+    @rule(from_start=booleans())
+    def retry(self, from_start):
+        task = self.task()
+        try:
+            task_retry(task_id=task.pk, user=self.owner, from_start=from_start)
+        except InvalidTransition:
+            assert task.state not in (S.FAILED, S.CANCELLED)
+            return
+        assert task.state in (S.FAILED, S.CANCELLED)
+        self._retried()
+
+    def _retried(self):
+        # Steps a retry resets run (and may be compensated) afresh.
+        self.baseline["undo_b"] = EFFECTS["undo_b"]
+        self._observe()
+
+    @rule(step=sampled_from(BEHAVIOURS), compensation=sampled_from(BEHAVIOURS))
+    def behaviour(self, step, compensation):
+        MODE.update(c=step, undo_b=compensation)
+
+    # --- workers -------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.task_id is not None)
+    @rule(i=integers(0, 1), points=integers(1, 4))
+    def worker_starts(self, i, points):
+        """A delivery (first, duplicate or redelivered) reaches worker i."""
+        if i in self.runs:
+            return
+        run = Run(self.task_id, f"w{i}")
+        self.workers[i], self.runs[i] = run, run.steps()
+        self._advance(i, points)
+
+    @precondition(lambda self: self.runs)
+    @rule(i=integers(0, 1), points=integers(1, 4))
+    def worker_advances(self, i, points):
+        self._advance(i, points)
+
+    @precondition(lambda self: self.runs)
+    @rule(i=integers(0, 1))
+    def worker_takes_one_step(self, i):
+        self._advance(i)
+
+    @precondition(lambda self: self.runs)
+    @rule(i=integers(0, 1), where=sampled_from(["between_writes", "after_body",
+                                                "after_compensation_body"]))
+    def worker_crashes(self, i, where):
+        """The worker's process dies: between two writes, or right after a body
+        ran and before its record."""
+        if i not in self.runs:
+            return
+        if where != "between_writes":
+            point = "after_step_body" if where == "after_body" else "after_compensation_body"
+            with faults.armed(point):
+                try:
+                    self._advance(i)
+                except faults.SimulatedCrash:
+                    pass
+        self.runs.pop(i, None)
+        self.workers.pop(i, None)
+
+    @precondition(lambda self: self.runs)
+    @rule(i=integers(0, 1))
+    def commit_reply_lost(self, i):
+        """The next atomic COMMIT goes through but its reply is lost."""
+        if i in self.runs:
+            with faults.armed("after_atomic_commit",
+                              error=OperationalError("server closed the connection")):
+                self._advance(i)
+
+    # --- time and the dispatcher ---------------------------------------------------------------
+
+    @precondition(lambda self: self.task_id is not None)
+    @rule()
+    def leases_run_out(self):
+        Task.objects.filter(idempotency_key=KEY, lease_expires_at__isnull=False).update(
+            lease_expires_at=Now() - timedelta(milliseconds=1))
+
+    @precondition(lambda self: self.task_id is not None)
+    @rule()
+    def backoff_elapses(self):
+        Task.objects.filter(idempotency_key=KEY, next_attempt_at__isnull=False).update(
+            next_attempt_at=Now() - timedelta(milliseconds=1))
+
+    @rule()
+    def dispatcher_passes(self):
+        report = dispatch_once()
+        assert report.errors == 0
+
+    # --- invariants ----------------------------------------------------------------------------
+
+    @invariant()
+    def effects_match_their_checkpoints(self):
+        if self.task_id is None:
+            return
+        cps = {cp.name: cp for cp in StepCheckpoint.objects.all()}
+        self._observe(cps)
+        ledger = Counter(DemoLedger.objects.values_list("action", flat=True))
+        assert ledger["a"] == self.entries[("a", StepState.SUCCEEDED)], (ledger, self.entries)
+        assert ledger["undo_a"] == self.entries[("a", StepState.COMPENSATED)], (
+            ledger, self.entries)
+        if "b" in cps:
+            assert EFFECTS["b"] <= cps["b"].attempts
+            assert EFFECTS["undo_b"] - self.baseline["undo_b"] <= cps["b"].compensation_attempts
+        if "c" in cps:
+            assert EFFECTS["c"] <= cps["c"].attempts
+
+    @invariant()
+    def state_and_steps_agree(self):
+        task = self.task()
+        if task is None:
+            return
+        steps = {cp.name: cp for cp in StepCheckpoint.objects.filter(task_id=task.pk)}
+        states = {name: cp.state for name, cp in steps.items()}
+        if task.state == S.SUCCEEDED:
+            assert set(states.values()) == {StepState.SUCCEEDED}, states
+        if task.state in (S.FAILED, S.CANCELLED):
+            assert not [cp for cp in steps.values()
+                        if cp.state in TO_COMPENSATE and cp.compensable], states
+            assert StepState.RUNNING not in states.values(), states
+            assert StepState.COMPENSATING not in states.values(), states
+        assert _audit_chain(task) == []
+
+    def teardown(self):
+        """With failures switched off, the workers and the dispatcher finish it."""
+        task = self.task()
+        self.runs.clear()
+        if task is None:
+            return
+        MODE.update(c="ok", undo_b="ok")
+        for _ in range(30):
+            task.refresh_from_db()
+            if task.state in FINISHED_STATES:
+                break
+            self.leases_run_out()
+            self.backoff_elapses()
+            dispatch_once()
+            self._observe()
+            for _ in Run(task.pk, "finisher").steps():
+                self._observe()
+        task.refresh_from_db()
+        assert task.state in FINISHED_STATES, (task.state, task.error)
+        self.effects_match_their_checkpoints()
+        self.state_and_steps_agree()
+        assert violations(require_terminal=True) == []
+
+
+def test_the_engine_keeps_its_promises_under_any_interleaving():
+    on_postgres = connection.vendor == "postgresql"
+    examples = int(os.environ.get("PILOT_MODEL_EXAMPLES") or (2000 if on_postgres else 300))
+    EngineMachine.TestCase.settings = settings(
+        max_examples=examples, stateful_step_count=25, deadline=None, derandomize=True,
+        database=None,
+        # Each example starts from an empty table: the setup hypothesis times is real.
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    EngineMachine.TestCase().runTest()
