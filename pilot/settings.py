@@ -54,6 +54,10 @@ if PILOT_BENCH_ENDPOINTS:
 MIDDLEWARE = [
     # request.trace_id (traceparent / X-Request-ID / generated) on every log event.
     "workflows.observability.middleware.TraceIdMiddleware",
+    # /healthz, /readyz and /metrics answered here, before anything checks the
+    # Host header: probes and scrapers address a node by its IP. Every other
+    # path goes on to ALLOWED_HOSTS as usual.
+    "workflows.observability.probes.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files straight from gunicorn, compressed and cached forever (hashed names).
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -245,20 +249,27 @@ PILOT_REENQUEUE_SECONDS = env_float("PILOT_REENQUEUE_SECONDS", 10.0, minimum=0.5
 PILOT_Q_WORKERS = env_int("PILOT_Q_WORKERS", 2, minimum=1)
 PILOT_MAX_PAYLOAD_BYTES = env_int("PILOT_MAX_PAYLOAD_BYTES", 262144, minimum=2)
 PILOT_TRIGGER_RATE = env_str("PILOT_TRIGGER_RATE", "6000/min")
-if not re.fullmatch(r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)", PILOT_TRIGGER_RATE):
-    raise ImproperlyConfigured(
-        f"PILOT_TRIGGER_RATE={PILOT_TRIGGER_RATE!r} must look like 6000/min (s, min, hour, day)")
+# POST /tasks/{id}/cancel and /retry, per client, together (a retry re-runs a workflow).
+PILOT_ACTION_RATE = env_str("PILOT_ACTION_RATE", "600/min")
+for _name, _rate in (("PILOT_TRIGGER_RATE", PILOT_TRIGGER_RATE),
+                     ("PILOT_ACTION_RATE", PILOT_ACTION_RATE)):
+    if not re.fullmatch(r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)", _rate):
+        raise ImproperlyConfigured(f"{_name}={_rate!r} must look like 6000/min (s, min, hour, day)")
 # Longest a single django-q2 delivery may run before its worker is killed; the
 # lease and checkpoints make the kill safe, the next attempt resumes.
 PILOT_TASK_TIMEOUT = env_int("PILOT_TASK_TIMEOUT", 1800, minimum=1)
 
-# One cache shared by every process on every machine (the trigger throttle,
-# login lockouts, the metrics' task counts): a table in the main database by
-# default (migration 0004 creates it), Redis when REDIS_URL is set.
+# One cache shared by every process on every machine (the rate limits, login
+# lockouts, the metrics' task counts): a table in the main database by default
+# (the migrations create it whatever the broker), Redis when REDIS_URL is set.
+# What a cache failure does is decided in workflows/shared_cache.py.
 REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
-                          "LOCATION": REDIS_URL, "KEY_PREFIX": "pilot"}}
+                          "LOCATION": REDIS_URL, "KEY_PREFIX": "pilot",
+                          # A Redis that stops answering costs a request 2 s, not a
+                          # hung worker (the defaults wait forever).
+                          "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2}}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache",
                           "LOCATION": "pilot_cache"}}
