@@ -65,6 +65,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Sets the login guard's device cookie after a successful password login.
+    "workflows.login_guard.LoginDeviceMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -129,9 +131,15 @@ AUTHENTICATION_BACKENDS = [
     "workflows.login_guard.LockoutBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
+# See workflows/login_guard.py and docs/security.md: failures are counted per
+# (username, address), per username across all addresses (slower), per
+# address across usernames, and per (username, device) for browsers that
+# logged in before — those are never locked out by the other three.
 PILOT_LOGIN_MAX_FAILURES = env_int("PILOT_LOGIN_MAX_FAILURES", 5, minimum=1)
+PILOT_LOGIN_MAX_FAILURES_PER_USER = env_int("PILOT_LOGIN_MAX_FAILURES_PER_USER", 20, minimum=1)
 PILOT_LOGIN_MAX_FAILURES_PER_IP = env_int("PILOT_LOGIN_MAX_FAILURES_PER_IP", 50, minimum=1)
 PILOT_LOGIN_LOCKOUT_SECONDS = env_int("PILOT_LOGIN_LOCKOUT_SECONDS", 900, minimum=1)
+PILOT_LOGIN_DEVICE_DAYS = env_int("PILOT_LOGIN_DEVICE_DAYS", 90, minimum=1)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
