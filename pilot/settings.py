@@ -11,7 +11,15 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from pilot.env import env_bool, env_choice, env_float, env_int, env_list, env_str
+from pilot.env import (
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+    local_secret_key,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -23,8 +31,12 @@ if not _secret:
         raise ImproperlyConfigured(
             "DJANGO_SECRET_KEY must be set (or DJANGO_DEBUG=true for a local run)"
         )
-    # Only ever used with DEBUG on: a local run must not need a secret.
-    _secret = "django-insecure-local-development-key-do-not-use-in-production"
+    # Only ever with DEBUG on: a local run must not need a secret, but it must
+    # not share a published one either (sessions, password-reset links and the
+    # login guard's device cookies are signed with it). Generated once per
+    # checkout into an ignored file.
+    _secret = local_secret_key(env_str("PILOT_LOCAL_SECRET_FILE")
+                               or BASE_DIR / ".local-secret-key")
 SECRET_KEY = _secret
 
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1")
@@ -70,6 +82,14 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# Under DEBUG, Django's technical 404 page lists every route; answer like
+# production instead (a no-op without DEBUG).
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.common.CommonMiddleware") + 1,
+                  "pilot.debug.PlainNotFoundMiddleware")
+# The technical 500 page (DEBUG) and error e-mails mask URL credentials too:
+# DATABASE_URL, REDIS_URL, CACHES, Q_CLUSTER, the environment.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "pilot.debug.CredentialMaskingFilter"
 
 ROOT_URLCONF = "pilot.urls"
 
