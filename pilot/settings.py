@@ -305,8 +305,12 @@ else:
 # them (PILOT's Task table is the record), so keep them in process memory.
 CACHES["djangoq"] = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 
-# Prometheus: `/metrics` wants `Authorization: Bearer <token>` when this is set.
+# Prometheus: `/metrics` wants `Authorization: Bearer <token>` when this is set,
+# and is OPEN TO ANYONE who can reach the port when it is not (docs/security.md).
 PILOT_METRICS_TOKEN = env_str("PILOT_METRICS_TOKEN")
+# /api/v1/schema and /api/v1/docs need the API's authentication (token or
+# session) unless this opens them to anyone.
+PILOT_API_DOCS_PUBLIC = env_bool("PILOT_API_DOCS_PUBLIC", False)
 # How long one read of pilot_tasks{state} is shared between scrapes (0: every scrape).
 PILOT_METRICS_TASKS_TTL = env_int("PILOT_METRICS_TASKS_TTL", 15, minimum=0)
 
