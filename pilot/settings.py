@@ -227,7 +227,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_RENDERER_CLASSES": ["workflows.api.renderers.SafeJSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["workflows.api.parsers.BoundedJSONParser"],
     "EXCEPTION_HANDLER": "workflows.api.problems.problem_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
