@@ -30,12 +30,12 @@ def lines(request):
     handler = logging.StreamHandler(stream)
     handler.setFormatter(request.param())
     loggers = [logging.getLogger(name) for name in ("pilot.events", "django.request")]
-    saved = [(lg.level, lg.propagate) for lg in loggers]
+    saved = [lg.level for lg in loggers]
     for lg in loggers:
         lg.addHandler(handler)
         lg.setLevel(logging.INFO)
     yield lambda: raw.getvalue().decode("utf-8").splitlines()
-    for lg, (level, propagate) in zip(loggers, saved, strict=True):
+    for lg, level in zip(loggers, saved, strict=True):
         lg.removeHandler(handler)
         lg.setLevel(level)
 
