@@ -75,8 +75,8 @@ def pilot_cache_reachable(app_configs, databases=None, **kwargs):
             return [Error(
                 f"The shared cache is misconfigured ({describe(exc)}): rate limits refuse "
                 "every request (503) and logins are refused until it is fixed.",
-                hint="Run `manage.py migrate` (it creates the pilot_cache table) or fix "
-                     "REDIS_URL.", id="pilot.E011")]
+                hint="A missing table: `manage.py createcachetable` (migrate creates it on a "
+                     "new database). Redis: fix REDIS_URL.", id="pilot.E011")]
         return [Warning(
             f"The shared cache is unreachable ({describe(exc)}): rate limits are off and "
             "logins are refused until it is back.",

@@ -3,7 +3,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from tests.api.test_cache_outage import DEAD_REDIS, MISCONFIGURED_REDIS
+from tests.api.test_cache_outage import DEAD_REDIS, MISCONFIGURED_REDIS, MISSING_TABLE
 from workflows.checks import pilot_cache_reachable, pilot_cache_shared, pilot_execution_settings
 
 
@@ -57,3 +57,10 @@ def test_check_with_the_database_reports_a_misconfigured_cache_as_an_error():
         assert [e.id for e in pilot_cache_reachable(None, databases=["default"])] == \
             ["pilot.W011"]
     assert pilot_cache_reachable(None, databases=["default"]) == []
+
+
+@pytest.mark.django_db(transaction=True)  # the failing query must not poison a test transaction
+def test_a_missing_cache_table_is_an_error_once_the_migrations_have_run():
+    with override_settings(CACHES=MISSING_TABLE):
+        [error] = pilot_cache_reachable(None, databases=["default"])
+    assert error.id == "pilot.E011" and "createcachetable" in error.hint
