@@ -78,14 +78,16 @@ def _broker_error() -> str:
     """"" when the Redis broker answers PING, else the error."""
     import redis
 
-    url = settings.Q_CLUSTER["redis"]
-    url = url if isinstance(url, str) else str(url)
+    config = settings.Q_CLUSTER["redis"]  # a URL, or django-q2's dict of Redis() arguments
+    timeouts = {"socket_connect_timeout": PROBE_TIMEOUT_SECONDS,
+                "socket_timeout": PROBE_TIMEOUT_SECONDS}
     try:
-        client = _broker_clients.get(url)
+        key = repr(config)
+        client = _broker_clients.get(key)
         if client is None:
-            client = _broker_clients[url] = redis.Redis.from_url(
-                url, socket_connect_timeout=PROBE_TIMEOUT_SECONDS,
-                socket_timeout=PROBE_TIMEOUT_SECONDS)
+            client = _broker_clients[key] = (
+                redis.Redis.from_url(config, **timeouts) if isinstance(config, str)
+                else redis.Redis(**{**config, **timeouts}))
         client.ping()
     except Exception as exc:  # noqa: BLE001 - any failure means "degraded"
         return describe(exc)
