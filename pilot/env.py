@@ -76,3 +76,44 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ImproperlyConfigured(f"{name}={raw!r} must be one of: {', '.join(choices)}")
     return value
+
+
+def local_secret_key(path) -> str:
+    """The secret key of a local (DEBUG) run: random, generated once per checkout
+    into `path` (mode 0600, ignored by git) and read back on every later start,
+    so sessions survive restarts and no two checkouts share a key — never a
+    constant published with the code. Raises ImproperlyConfigured when the file
+    can be neither read nor created (then set DJANGO_SECRET_KEY)."""
+    import secrets
+    import tempfile
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.exists():
+        # Written whole to a private temporary file, then linked into place:
+        # a process starting beside this one sees no file or the whole key.
+        try:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".secret-")  # mode 0600
+            try:
+                with os.fdopen(fd, "w") as out:
+                    out.write(secrets.token_urlsafe(50) + "\n")
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # another process won; use its key
+            finally:
+                os.unlink(tmp)
+        except OSError as exc:
+            raise ImproperlyConfigured(
+                f"cannot create the local secret key file {path} ({exc}); "
+                "set DJANGO_SECRET_KEY") from None
+    try:
+        key = path.read_text().strip()
+    except OSError as exc:
+        raise ImproperlyConfigured(
+            f"cannot read the local secret key file {path} ({exc}); set DJANGO_SECRET_KEY"
+        ) from None
+    if len(key) < 50:
+        raise ImproperlyConfigured(
+            f"the local secret key file {path} is empty or truncated; delete it to get a new "
+            "key, or set DJANGO_SECRET_KEY")
+    return key

@@ -11,7 +11,15 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from pilot.env import env_bool, env_choice, env_float, env_int, env_list, env_str
+from pilot.env import (
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+    local_secret_key,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -23,8 +31,12 @@ if not _secret:
         raise ImproperlyConfigured(
             "DJANGO_SECRET_KEY must be set (or DJANGO_DEBUG=true for a local run)"
         )
-    # Only ever used with DEBUG on: a local run must not need a secret.
-    _secret = "django-insecure-local-development-key-do-not-use-in-production"
+    # Only ever with DEBUG on: a local run must not need a secret, but it must
+    # not share a published one either (sessions, password-reset links and the
+    # login guard's device cookies are signed with it). Generated once per
+    # checkout into an ignored file.
+    _secret = local_secret_key(env_str("PILOT_LOCAL_SECRET_FILE")
+                               or BASE_DIR / ".local-secret-key")
 SECRET_KEY = _secret
 
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1")
@@ -54,6 +66,10 @@ if PILOT_BENCH_ENDPOINTS:
 MIDDLEWARE = [
     # request.trace_id (traceparent / X-Request-ID / generated) on every log event.
     "workflows.observability.middleware.TraceIdMiddleware",
+    # /healthz, /readyz and /metrics answered here, before anything checks the
+    # Host header: probes and scrapers address a node by its IP. Every other
+    # path goes on to ALLOWED_HOSTS as usual.
+    "workflows.observability.probes.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files straight from gunicorn, compressed and cached forever (hashed names).
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -61,9 +77,19 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Sets the login guard's device cookie after a successful password login.
+    "workflows.login_guard.LoginDeviceMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# Under DEBUG, Django's technical 404 page lists every route; answer like
+# production instead (a no-op without DEBUG).
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.common.CommonMiddleware") + 1,
+                  "pilot.debug.PlainNotFoundMiddleware")
+# The technical 500 page (DEBUG) and error e-mails mask URL credentials too:
+# DATABASE_URL, REDIS_URL, CACHES, Q_CLUSTER, the environment.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "pilot.debug.CredentialMaskingFilter"
 
 ROOT_URLCONF = "pilot.urls"
 
@@ -125,9 +151,15 @@ AUTHENTICATION_BACKENDS = [
     "workflows.login_guard.LockoutBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
+# See workflows/login_guard.py and docs/security.md: failures are counted per
+# (username, address), per username across all addresses (slower), per
+# address across usernames, and per (username, device) for browsers that
+# logged in before — those are never locked out by the other three.
 PILOT_LOGIN_MAX_FAILURES = env_int("PILOT_LOGIN_MAX_FAILURES", 5, minimum=1)
+PILOT_LOGIN_MAX_FAILURES_PER_USER = env_int("PILOT_LOGIN_MAX_FAILURES_PER_USER", 20, minimum=1)
 PILOT_LOGIN_MAX_FAILURES_PER_IP = env_int("PILOT_LOGIN_MAX_FAILURES_PER_IP", 50, minimum=1)
 PILOT_LOGIN_LOCKOUT_SECONDS = env_int("PILOT_LOGIN_LOCKOUT_SECONDS", 900, minimum=1)
+PILOT_LOGIN_DEVICE_DAYS = env_int("PILOT_LOGIN_DEVICE_DAYS", 90, minimum=1)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -195,7 +227,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_RENDERER_CLASSES": ["workflows.api.renderers.SafeJSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["workflows.api.parsers.BoundedJSONParser"],
     "EXCEPTION_HANDLER": "workflows.api.problems.problem_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -248,20 +280,27 @@ PILOT_Q_WORKERS = env_int("PILOT_Q_WORKERS", 2, minimum=1)
 PILOT_DEMO_WORKFLOWS = env_bool("PILOT_DEMO_WORKFLOWS", False)
 PILOT_MAX_PAYLOAD_BYTES = env_int("PILOT_MAX_PAYLOAD_BYTES", 262144, minimum=2)
 PILOT_TRIGGER_RATE = env_str("PILOT_TRIGGER_RATE", "6000/min")
-if not re.fullmatch(r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)", PILOT_TRIGGER_RATE):
-    raise ImproperlyConfigured(
-        f"PILOT_TRIGGER_RATE={PILOT_TRIGGER_RATE!r} must look like 6000/min (s, min, hour, day)")
+# POST /tasks/{id}/cancel and /retry, per client, together (a retry re-runs a workflow).
+PILOT_ACTION_RATE = env_str("PILOT_ACTION_RATE", "600/min")
+for _name, _rate in (("PILOT_TRIGGER_RATE", PILOT_TRIGGER_RATE),
+                     ("PILOT_ACTION_RATE", PILOT_ACTION_RATE)):
+    if not re.fullmatch(r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)", _rate):
+        raise ImproperlyConfigured(f"{_name}={_rate!r} must look like 6000/min (s, min, hour, day)")
 # Longest a single django-q2 delivery may run before its worker is killed; the
 # lease and checkpoints make the kill safe, the next attempt resumes.
 PILOT_TASK_TIMEOUT = env_int("PILOT_TASK_TIMEOUT", 1800, minimum=1)
 
-# One cache shared by every process on every machine (the trigger throttle,
-# login lockouts, the metrics' task counts): a table in the main database by
-# default (migration 0004 creates it), Redis when REDIS_URL is set.
+# One cache shared by every process on every machine (the rate limits, login
+# lockouts, the metrics' task counts): a table in the main database by default
+# (the migrations create it whatever the broker), Redis when REDIS_URL is set.
+# What a cache failure does is decided in workflows/shared_cache.py.
 REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
-                          "LOCATION": REDIS_URL, "KEY_PREFIX": "pilot"}}
+                          "LOCATION": REDIS_URL, "KEY_PREFIX": "pilot",
+                          # A Redis that stops answering costs a request 2 s, not a
+                          # hung worker (the defaults wait forever).
+                          "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2}}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache",
                           "LOCATION": "pilot_cache"}}
@@ -269,8 +308,12 @@ else:
 # them (PILOT's Task table is the record), so keep them in process memory.
 CACHES["djangoq"] = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 
-# Prometheus: `/metrics` wants `Authorization: Bearer <token>` when this is set.
+# Prometheus: `/metrics` wants `Authorization: Bearer <token>` when this is set,
+# and is OPEN TO ANYONE who can reach the port when it is not (docs/security.md).
 PILOT_METRICS_TOKEN = env_str("PILOT_METRICS_TOKEN")
+# /api/v1/schema and /api/v1/docs need the API's authentication (token or
+# session) unless this opens them to anyone.
+PILOT_API_DOCS_PUBLIC = env_bool("PILOT_API_DOCS_PUBLIC", False)
 # How long one read of pilot_tasks{state} is shared between scrapes (0: every scrape).
 PILOT_METRICS_TASKS_TTL = env_int("PILOT_METRICS_TASKS_TTL", 15, minimum=0)
 

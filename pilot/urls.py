@@ -5,9 +5,14 @@ from django.contrib import admin
 from django.urls import include, path
 
 from workflows.api.health import HealthzView, ReadyzView
+from workflows.login_forms import admin_password_change
 from workflows.observability.views import metrics_view
 
 urlpatterns = [
+    # The admin's own view with an attempt limit on the current password
+    # (workflows/login_forms.py); before admin.site.urls, so it wins.
+    path("admin/password_change/", admin.site.admin_view(admin_password_change, cacheable=True),
+         name="pilot_password_change"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("workflows.api.urls")),
     path("healthz", HealthzView.as_view(), name="healthz"),

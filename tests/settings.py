@@ -28,7 +28,10 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]  # noqa: F405
 
 # A shared Redis cache outlives the test database: give every run its own key
 # space, or a throttle counter from an earlier run would leak into this one.
-CACHES["default"]["KEY_PREFIX"] = f"pilot-test-{os.getpid()}-{os.urandom(4).hex()}"  # noqa: F405
+# PILOT_TEST_CACHE_PREFIX gives every process of one test's fleet the same one
+# (gunicorn workers must count rate limits and lockouts together).
+CACHES["default"]["KEY_PREFIX"] = (  # noqa: F405
+    os.environ.get("PILOT_TEST_CACHE_PREFIX") or f"pilot-test-{os.getpid()}-{os.urandom(4).hex()}")
 
 # The suite speaks plain HTTP to the test client and to the processes it starts;
 # production redirects to HTTPS (settings.py), tests/settings_deploy checks that.

@@ -10,9 +10,19 @@ from django.db import transaction
 from rest_framework.authtoken.models import Token
 
 
-def api_client_create(name: str, *, rotate: bool = False) -> tuple[object, str | None]:
+class ApiClientRefused(Exception):
+    """`api_client_create` will not attach a token to this account."""
+
+
+def api_client_create(name: str, *, rotate: bool = False,
+                      allow_staff: bool = False) -> tuple[object, str | None]:
     """Ensure an upstream client: a user without a password, with the trigger
     permission (`workflows.add_task`) and a DRF token.
+
+    An existing staff or superuser account is refused (ApiClientRefused) unless
+    `allow_staff`: a token on it would carry every permission of a person's
+    account (a superuser's token reads, cancels and retries every client's
+    tasks), and nobody should get that by a typo in NAME.
 
     Returns (user, token_key). token_key is the new token when one was created
     (first call, or `rotate=True`, which invalidates the old one at once), and
@@ -20,6 +30,12 @@ def api_client_create(name: str, *, rotate: bool = False) -> tuple[object, str |
     User = get_user_model()
     with transaction.atomic():
         user, created = User.objects.get_or_create(username=name)
+        if not created and (user.is_staff or user.is_superuser) and not allow_staff:
+            kind = "a superuser" if user.is_superuser else "a staff account"
+            raise ApiClientRefused(
+                f"{name!r} is {kind}: a token would act with all of its permissions. "
+                "Choose another NAME for the upstream system, or pass --allow-staff if "
+                "this is really meant.")
         if created:
             user.set_unusable_password()
             user.save(update_fields=["password"])
@@ -31,6 +47,28 @@ def api_client_create(name: str, *, rotate: bool = False) -> tuple[object, str |
         if existing:
             existing.delete()
         return user, Token.objects.create(user=user).key
+
+
+def api_client_scope(user) -> list[str]:
+    """What a token of `user` can do through the API, one sentence each, from
+    the permissions the account really holds."""
+    lines = []
+    if user.has_perm("workflows.add_task"):
+        lines.append("trigger workflows (workflows.add_task)")
+    lines.append("read, cancel and retry the tasks it triggered itself")
+    if user.is_superuser:
+        lines.append("EVERYTHING ELSE TOO: it is a superuser — it reads, cancels and "
+                     "retries every client's tasks")
+        return lines
+    if user.has_perm("workflows.view_all_tasks"):
+        lines.append("read EVERY client's tasks, payloads and results "
+                     "(workflows.view_all_tasks)")
+        for action in ("cancel", "retry"):
+            if user.has_perm(f"workflows.{action}_task"):
+                lines.append(f"{action} every client's tasks (workflows.{action}_task)")
+    if user.is_staff:
+        lines.append("(the account is staff: with its password it also logs into the admin)")
+    return lines
 
 
 def local_admin_ensure(username: str = "admin") -> tuple[object, str]:

@@ -42,11 +42,26 @@ def task_get_for(user, task_id) -> Task:
 
 
 def _parse_time(name: str, raw: str) -> datetime:
-    value = parse_datetime(raw.strip().replace(" ", "+"))
-    if value is None:
-        raise ValidationFailed(f"{name} is not an ISO 8601 date-time",
+    """`raw` as an aware datetime in UTC, or ValidationFailed. In UTC because
+    ISO 8601 allows offsets up to ±23:59 and PostgreSQL refuses any beyond
+    ±15:59 ("time zone displacement out of range"); converting first also
+    refuses, as a 400, a date that only exists in its own offset (0001-01-01
+    at +05:00 is before year 1 in UTC)."""
+    invalid = ValidationFailed(f"{name} is not a valid ISO 8601 date-time",
                                errors={name: ["Use ISO 8601, e.g. 2026-11-29T10:00:00Z."]})
-    return value if timezone.is_aware(value) else timezone.make_aware(value, UTC)
+    try:
+        # A '+' in a query string arrives as a space.
+        value = parse_datetime(raw.strip().replace(" ", "+"))
+    except ValueError:  # well-formed but impossible: February 30th, an offset of 99 h
+        raise invalid from None
+    if value is None:
+        raise invalid
+    try:
+        if timezone.is_naive(value):
+            return timezone.make_aware(value, UTC)
+        return value.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise invalid from None
 
 
 def tasks_filtered_for(user, params):

@@ -10,7 +10,11 @@ from tests.procs import ARTIFACTS
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-def test_the_docs_render_with_nothing_but_the_server(live_server, page):
+PASSWORD = "docs-reader-password-1"
+
+
+def test_the_docs_render_with_nothing_but_the_server(live_server, page, django_user_model):
+    django_user_model.objects.create_user("reader", password=PASSWORD, is_staff=True)
     server = urlsplit(live_server.url).netloc
     elsewhere = []
 
@@ -23,6 +27,11 @@ def test_the_docs_render_with_nothing_but_the_server(live_server, page):
 
     page.route("**/*", only_the_server)
     page.goto(f"{live_server.url}/api/v1/docs")
+    assert urlsplit(page.url).path == "/admin/login/"  # not without a session
+    page.fill("#id_username", "reader")
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    assert urlsplit(page.url).path == "/api/v1/docs"  # and back
     page.wait_for_selector(".opblock", timeout=20_000)
     operations = page.locator(".opblock").count()
     page.screenshot(path=str(ARTIFACTS / "api-docs.png"), full_page=True)

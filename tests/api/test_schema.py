@@ -51,3 +51,27 @@ def test_the_docs_page_uses_only_local_assets(api):
     assert any(a.endswith("swagger-ui-bundle.js") for a in assets)
     for asset in assets:
         assert finders.find(asset), asset
+
+
+# --- who may read them (PILOT_API_DOCS_PUBLIC) ----------------------------------------------
+
+def test_the_schema_and_docs_need_the_apis_authentication(anon):
+    body = anon.get("/api/v1/schema").json()
+    assert (body["status"], body["code"]) == (401, "not_authenticated")
+    assert anon.get("/api/v1/schema?format=json")["Content-Type"] == "application/problem+json"
+    docs = anon.get("/api/v1/docs")
+    assert docs.status_code == 302
+    assert docs["Location"] == "/admin/login/?next=/api/v1/docs"
+
+
+def test_a_session_reads_them_like_a_token(client, django_user_model):
+    client.force_login(django_user_model.objects.create_user("someone", password="pw-123-abc"))
+    assert client.get("/api/v1/schema").status_code == 200
+    assert client.get("/api/v1/docs").status_code == 200
+
+
+def test_a_setting_opens_them_to_anyone(anon, settings):
+    settings.PILOT_API_DOCS_PUBLIC = True
+    assert anon.get("/api/v1/schema").status_code == 200
+    assert anon.get("/api/v1/docs").status_code == 200
+    assert anon.get("/api/v1/workflows").status_code == 401  # the API itself stays closed

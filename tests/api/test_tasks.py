@@ -104,4 +104,5 @@ def test_health_and_readiness_need_no_authentication(anon):
     assert anon.get("/healthz").json() == {"status": "ok"}
     ready = anon.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json()["checks"] == {"database": True, "broker": True}
+    assert ready.json() == {"status": "ok",
+                            "checks": {"database": True, "broker": True, "cache": True}}

@@ -1,6 +1,8 @@
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
 from tests.api.conftest import assert_problem, trigger
+from workflows.api.throttling import ACTION, parse_rate
 
 pytestmark = pytest.mark.django_db
 
@@ -21,3 +23,32 @@ def test_a_batch_counts_each_item_against_the_rate(api, settings):
     r = api.post("/api/v1/tasks/batch", {"tasks": items}, format="json")
     assert_problem(r, 429, "throttled")
     assert api.post("/api/v1/tasks/batch", {"tasks": items[:5]}, format="json").status_code == 200
+
+
+def test_retry_and_cancel_share_their_own_rate_and_cannot_rerun_a_workflow_past_it(
+        api, api_b, settings):
+    """A client at its limit must not re-run a workflow again and again through
+    retry: cancel and retry have their own allowance (PILOT_ACTION_RATE)."""
+    settings.PILOT_TRIGGER_RATE = "1/min"
+    settings.PILOT_ACTION_RATE = "3/min"
+    assert trigger(api, key="only").status_code == 202
+    assert_problem(trigger(api, key="more"), 429, "throttled")
+    task_id = api.get("/api/v1/tasks").json()["results"][0]["id"]
+    assert api.post(f"/api/v1/tasks/{task_id}/cancel").status_code == 200
+    assert api.post(f"/api/v1/tasks/{task_id}/retry").status_code == 202
+    assert api.post(f"/api/v1/tasks/{task_id}/cancel").status_code == 200
+    r = api.post(f"/api/v1/tasks/{task_id}/retry")
+    body = assert_problem(r, 429, "throttled")
+    assert "PILOT_ACTION_RATE" in body["detail"]
+    assert 1 <= int(r["Retry-After"]) <= 60
+    assert api.get(f"/api/v1/tasks/{task_id}").json()["state"] == "cancelled"  # not re-run
+    # Another client's allowance is its own; a refused action used none of it.
+    theirs = trigger(api_b, key="theirs").json()["id"]
+    assert api_b.post(f"/api/v1/tasks/{theirs}/cancel").status_code == 200
+
+
+def test_the_action_rate_is_validated_like_the_trigger_rate(settings):
+    assert parse_rate("PILOT_ACTION_RATE", "600/min") == (600, 60)
+    for bad in ("600", "lots/min", "10/week", "-1/s"):
+        with pytest.raises(ImproperlyConfigured, match="PILOT_ACTION_RATE"):
+            parse_rate(ACTION.setting, bad)

@@ -186,6 +186,9 @@ def test_keys_are_derived_from_key_fields(trigger, temp_workflow):
     ({"workflow": None}, UnknownWorkflow, "unknown_workflow"),
     ({"payload": ["not", "an", "object"]}, ValidationFailed, "validation_error"),
     ({"payload": {"x": float("nan")}}, ValidationFailed, "validation_error"),
+    # A lone surrogate, as the admin form or the CLI could pass it (the API refuses it first).
+    ({"payload": {"x": "\ud800"}}, ValidationFailed, "validation_error"),
+    ({"payload": {"\udfff": 1}}, ValidationFailed, "validation_error"),
     ({"workflow": "demo.sync_orders", "payload": {"batch": "b", "count": 0}},
      ValidationFailed, "validation_error"),
     ({"workflow": "demo.slow", "payload": {"steps": "many"}}, ValidationFailed,

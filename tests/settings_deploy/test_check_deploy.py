@@ -76,7 +76,9 @@ def test_production_defaults_are_secure_and_proxy_aware():
     assert values["SECURE_REDIRECT_EXEMPT"] == ["^healthz$", "^readyz$", "^metrics$"]
     db = values["DATABASES"]["default"]
     assert (db["CONN_MAX_AGE"], db["CONN_HEALTH_CHECKS"]) == (60, True)
-    assert values["MIDDLEWARE"][1:3] == ["django.middleware.security.SecurityMiddleware",
+    # Probes answered before the host check; then security headers and static files.
+    assert values["MIDDLEWARE"][1:4] == ["workflows.observability.probes.ProbeMiddleware",
+                                         "django.middleware.security.SecurityMiddleware",
                                          "whitenoise.middleware.WhiteNoiseMiddleware"]
     assert values["STORAGES"]["staticfiles"]["BACKEND"] == \
         "whitenoise.storage.CompressedManifestStaticFilesStorage"

@@ -1,6 +1,10 @@
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from workflows.checks import pilot_execution_settings
+from tests.api.test_cache_outage import DEAD_REDIS, MISCONFIGURED_REDIS, MISSING_TABLE
+from workflows.checks import pilot_cache_reachable, pilot_cache_shared, pilot_execution_settings
 
 
 def ids(**overrides):
@@ -26,3 +30,37 @@ def test_missing_timeout_and_unbounded_attempts_are_refused(settings):
 def test_a_lease_shorter_than_two_heartbeats_is_refused():
     assert ids(PILOT_LEASE_SECONDS=5, PILOT_HEARTBEAT_SECONDS=3) == ["pilot.E004"]
     assert ids(PILOT_LEASE_SECONDS=6, PILOT_HEARTBEAT_SECONDS=3) == []
+
+
+# --- the shared cache (pilot.E010, pilot.E011, pilot.W011) ---------------------------
+
+LOCMEM = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+DUMMY = {"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}}
+
+
+@pytest.mark.parametrize("caches", [LOCMEM, DUMMY], ids=["locmem", "dummy"])
+def test_a_cache_every_process_keeps_to_itself_is_refused(caches):
+    with override_settings(CACHES=caches):
+        assert [e.id for e in pilot_cache_shared(None)] == ["pilot.E010"]
+    assert pilot_cache_shared(None) == []
+
+
+@pytest.mark.django_db
+def test_check_with_the_database_reports_a_misconfigured_cache_as_an_error():
+    with override_settings(CACHES=MISCONFIGURED_REDIS):
+        assert [e.id for e in pilot_cache_reachable(None, databases=["default"])] == \
+            ["pilot.E011"]
+        assert pilot_cache_reachable(None, databases=None) == []  # plain `check`: no I/O
+        with pytest.raises(SystemCheckError, match="pilot.E011"):
+            call_command("check", "--database", "default")
+    with override_settings(CACHES=DEAD_REDIS):
+        assert [e.id for e in pilot_cache_reachable(None, databases=["default"])] == \
+            ["pilot.W011"]
+    assert pilot_cache_reachable(None, databases=["default"]) == []
+
+
+@pytest.mark.django_db(transaction=True)  # the failing query must not poison a test transaction
+def test_a_missing_cache_table_is_an_error_once_the_migrations_have_run():
+    with override_settings(CACHES=MISSING_TABLE):
+        [error] = pilot_cache_reachable(None, databases=["default"])
+    assert error.id == "pilot.E011" and "createcachetable" in error.hint

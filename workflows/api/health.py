@@ -1,13 +1,33 @@
 """Liveness and readiness (no authentication; for load balancers and k8s).
 
-/healthz answers 200 while the process serves requests. /readyz checks what a
-request needs: the database (one `SELECT 1`) and the broker (Redis PING; with
-the ORM broker the queue is the database) — 503 `unavailable` naming what is
-down, so a balancer stops sending traffic until it is back.
+/healthz answers 200 while the process serves requests.
+
+/readyz answers "can this web node accept triggers?" A trigger needs the
+database (one `SELECT 1`): without it, 503 `unavailable`. It does not need the
+broker — a task committed while Redis is down is enqueued by the dispatcher
+once it is back — nor a reachable cache (the rate limits degrade, logged), so
+those are reported in the body as degraded details with a 200, and a load
+balancer does not pull every node for a Redis outage. One exception: a
+*misconfigured* cache (the table missing, Redis refusing the credentials) makes
+every trigger a 503 (rate limits fail closed, workflows.shared_cache), so
+readiness says so too.
+
+    200 {"status": "ok"|"degraded", "checks": {"database": true, "broker": true,
+         "cache": true}, "degraded": {"broker": "unreachable"}}
+
+The body says only "unreachable" or "misconfigured" (the endpoint is open:
+no host names or error texts); the error itself is logged as
+`readiness_degraded` (WARNING) with the component and the error.
+
+Both answer whatever the Host header (ProbeMiddleware), so a probe may address
+the node by IP.
 """
 
 from __future__ import annotations
 
+import logging
+
+from django.conf import settings
 from django.db import DatabaseError, connection
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
@@ -17,10 +37,17 @@ from rest_framework.views import APIView
 
 from workflows.api.problems import problem_response
 from workflows.api.serializers import ProblemSerializer
-from workflows.engine.enqueue import broker, uses_orm_broker
+from workflows.engine.enqueue import uses_orm_broker
+from workflows.observability.events import emit
+from workflows.shared_cache import cache_probe, describe
 
-_Status = inline_serializer("HealthStatus", {"status": serializers.CharField(),
-                                             "checks": serializers.DictField(required=False)})
+_Status = inline_serializer("HealthStatus", {
+    "status": serializers.CharField(),
+    "checks": serializers.DictField(child=serializers.BooleanField(), required=False),
+    "degraded": serializers.DictField(child=serializers.CharField(), required=False)})
+
+# Readiness must answer within a probe's timeout even when Redis stops answering.
+PROBE_TIMEOUT_SECONDS = 1.0
 
 
 class _Open(APIView):
@@ -44,11 +71,27 @@ def _database_ok() -> bool:
         return False
 
 
-def _broker_ok() -> bool:
+_broker_clients: dict = {}
+
+
+def _broker_error() -> str:
+    """"" when the Redis broker answers PING, else the error."""
+    import redis
+
+    config = settings.Q_CLUSTER["redis"]  # a URL, or django-q2's dict of Redis() arguments
+    timeouts = {"socket_connect_timeout": PROBE_TIMEOUT_SECONDS,
+                "socket_timeout": PROBE_TIMEOUT_SECONDS}
     try:
-        return bool(broker().connection.ping())
-    except Exception:  # noqa: BLE001 - any failure means "not ready"
-        return False
+        key = repr(config)
+        client = _broker_clients.get(key)
+        if client is None:
+            client = _broker_clients[key] = (
+                redis.Redis.from_url(config, **timeouts) if isinstance(config, str)
+                else redis.Redis(**{**config, **timeouts}))
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means "degraded"
+        return describe(exc)
+    return ""
 
 
 class ReadyzView(_Open):
@@ -57,14 +100,36 @@ class ReadyzView(_Open):
         (503, "application/problem+json"): OpenApiResponse(ProblemSerializer,
                                                            description="Problem: unavailable")})
     def get(self, request):
-        checks = {"database": _database_ok()}
-        checks["broker"] = checks["database"] if uses_orm_broker() else _broker_ok()
-        if all(checks.values()):
-            return Response({"status": "ok", "checks": checks})
-        down = ", ".join(name for name, ok in checks.items() if not ok)
-        response = problem_response(code="unavailable", status=503,
-                                    title="Service unavailable",
-                                    detail=f"Not ready: {down} unreachable",
-                                    headers={"Retry-After": "2"})
-        response.data["checks"] = checks
-        return response
+        database = _database_ok()
+        degraded: dict[str, str] = {}
+        if not uses_orm_broker():
+            error = _broker_error()
+            if error:
+                degraded["broker"] = "unreachable"
+                emit("readiness_degraded", level=logging.WARNING, component="broker",
+                     state="unreachable", error=error)
+        cache_state, error = cache_probe()
+        if cache_state != "ok":
+            degraded["cache"] = cache_state
+            emit("readiness_degraded", level=logging.WARNING, component="cache",
+                 state=cache_state, error=error)
+        checks = {"database": database,
+                  "broker": database if uses_orm_broker() else "broker" not in degraded,
+                  "cache": cache_state == "ok"}
+        down = [name for name, ok in (("database", database),
+                                      ("cache", cache_state != "misconfigured")) if not ok]
+        if down:
+            detail = ", ".join(
+                "database unreachable" if name == "database" else "cache misconfigured"
+                for name in down)
+            response = problem_response(code="unavailable", status=503,
+                                        title="Service unavailable",
+                                        detail=f"Not ready: {detail}",
+                                        headers={"Retry-After": "2"})
+            response.data["checks"] = checks
+            response.data["degraded"] = degraded
+            return response
+        body = {"status": "degraded" if degraded else "ok", "checks": checks}
+        if degraded:
+            body["degraded"] = degraded
+        return Response(body)

@@ -24,6 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
+from workflows.api.throttling import RateLimited
 from workflows.errors import PilotError
 
 log = logging.getLogger("pilot.api")
@@ -116,9 +117,8 @@ def problem_exception_handler(exc, context):
                                     detail="The request is not valid; see errors",
                                     errors=errors)
         detail = _detail_text(exc.detail)
-        if isinstance(exc, drf.Throttled):
-            detail = "Trigger rate limit exceeded; retry after the number of seconds in " \
-                     "Retry-After"
+        if isinstance(exc, drf.Throttled) and not isinstance(exc, RateLimited):
+            detail = "Rate limit exceeded; retry after the number of seconds in Retry-After"
         return problem_response(code=code, status=exc.status_code, title=title, detail=detail,
                                 headers=headers)
     if isinstance(exc, (OperationalError, InterfaceError)):

@@ -193,9 +193,11 @@ CANCEL_DESCRIPTION = (
     "`cancelling` when succeeded steps must be compensated); a running task becomes "
     "`cancelling` and its worker stops at the next step boundary or heartbeat, runs the "
     "compensations and ends it `cancelled`. 409 `invalid_transition` for a finished or "
-    "already cancelling task.")
+    "already cancelling task. Cancel and retry share one per-client rate limit "
+    "(PILOT_ACTION_RATE): 429 `throttled` with Retry-After beyond it.")
 
 RETRY_DESCRIPTION = (
     "Retry a failed or cancelled task with a fresh budget of attempts. It resumes from its "
     "checkpoints, or from the first step with `from_start: true`. 409 `invalid_transition` "
-    "for any other state.")
+    "for any other state. Cancel and retry share one per-client rate limit "
+    "(PILOT_ACTION_RATE): 429 `throttled` with Retry-After beyond it.")

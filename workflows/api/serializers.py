@@ -8,11 +8,28 @@ a client can never believe it set `state` or `result`.
 
 from __future__ import annotations
 
+import json
+
 from rest_framework import serializers
 
 from workflows.engine.triggers import MAX_BATCH
 from workflows.models import StepCheckpoint, Task
 from workflows.states import TaskState
+
+
+def is_unicode(text: str) -> bool:
+    """False if `text` holds a lone surrogate (a JSON `"\\ud800"` escape with no
+    pair): no database, log or response can encode it as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def printable_name(name: str) -> str:
+    """A field name as an error message may echo it (lone surrogates escaped)."""
+    return name if is_unicode(name) else name.encode("utf-8", "backslashreplace").decode()
 
 
 class StrictSerializer(serializers.Serializer):
@@ -22,19 +39,40 @@ class StrictSerializer(serializers.Serializer):
         unknown = set(getattr(self, "initial_data", {}) or {}) - set(self.fields)
         if unknown:
             raise serializers.ValidationError(
-                {name: ["Unknown field; it cannot be set."] for name in sorted(unknown)})
+                {printable_name(str(name)): ["Unknown field; it cannot be set."]
+                 for name in sorted(unknown, key=str)})
         return attrs
 
 
 class StringField(serializers.CharField):
     """A CharField that refuses numbers and booleans instead of coercing them
-    (`"task_id": 0` is a mistake, not the key "0") and NUL characters, which no
-    database text column can hold."""
+    (`"task_id": 0` is a mistake, not the key "0"), NUL characters, which no
+    database text column can hold, and lone surrogates, which no UTF-8 can."""
 
     def to_internal_value(self, data):
-        if not isinstance(data, str) or "\x00" in data:
+        if not isinstance(data, str) or "\x00" in data or not is_unicode(data):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class PayloadField(serializers.DictField):
+    """A JSON object whose every key and string is valid Unicode: a lone
+    surrogate anywhere is a 400 here (for a batch: that item alone), not an
+    encoding error deep in the engine."""
+
+    default_error_messages = {
+        "surrogate": "Strings and keys may not contain lone surrogates (\\ud800-\\udfff).",
+    }
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            self.fail("surrogate")
+        except (RecursionError, TypeError, ValueError):
+            pass  # too deep or not plain JSON: the engine refuses it with its own message
+        return value
 
 
 class KeyField(StringField, serializers.RegexField):
@@ -104,8 +142,8 @@ class WorkflowSerializer(serializers.Serializer):
 
 class TriggerSerializer(StrictSerializer):
     workflow = StringField(max_length=200, help_text="A registered workflow name.")
-    payload = serializers.DictField(required=False, default=dict,
-                                    help_text="The workflow's input (a JSON object).")
+    payload = PayloadField(required=False, default=dict,
+                           help_text="The workflow's input (a JSON object).")
     task_id = KeyField(
         r"^[\x21-\x7e]+$", required=False, min_length=1, max_length=512,
         help_text="The idempotency key, if not sent in the Idempotency-Key header.")
@@ -114,7 +152,7 @@ class TriggerSerializer(StrictSerializer):
 class BatchItemSerializer(StrictSerializer):
     idempotency_key = StringField(required=False, max_length=300)
     workflow = StringField(max_length=200)
-    payload = serializers.DictField(required=False, default=dict)
+    payload = PayloadField(required=False, default=dict)
 
 
 class BatchSerializer(StrictSerializer):

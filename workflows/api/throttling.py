@@ -1,49 +1,99 @@
-"""Per-client trigger throttle (PILOT_TRIGGER_RATE, e.g. 6000/min).
+"""Per-client rate limits, one per scope:
 
-A fixed-window counter in the `default` cache, which every web process shares
-(the database cache, or Redis when REDIS_URL is set), so the limit holds
-across processes and machines. A single trigger costs 1; a batch costs one per
-item, so batching cannot bypass the limit. Exceeding it is a 429 `throttled`
-with Retry-After (the seconds left in the window).
+- `trigger` (PILOT_TRIGGER_RATE, e.g. 6000/min): POST /tasks costs 1, a batch
+  one per item, so batching cannot bypass the limit;
+- `action` (PILOT_ACTION_RATE, e.g. 600/min): POST /tasks/{id}/cancel and
+  /retry together — a retry re-runs a whole workflow, so it must not escape the
+  limit that holds triggers.
+
+Each is a fixed-window counter in the `default` cache, which every web process
+shares (the database cache, or Redis when REDIS_URL is set), so a limit holds
+across processes and machines. Exceeding it is a 429 `throttled` with
+Retry-After (the seconds left in the window).
+
+When the cache fails (workflows.shared_cache): a transient error lets the
+request through unthrottled (logged `cache_unavailable`); a permanent one — a
+misconfiguration — refuses it with 503 `unavailable` rather than run without a
+limit. With Redis the counter is exact (INCRBY); with the database cache an
+increment is a read and a write, so N requests racing in the same instant may
+overshoot the limit by up to N-1.
 """
 
 from __future__ import annotations
 
+import re
 import time
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.cache import cache
+from django.core.exceptions import ImproperlyConfigured
 from rest_framework.exceptions import Throttled
 from rest_framework.throttling import BaseThrottle
 
-from workflows.shared_cache import cache_soft
+from workflows.shared_cache import cache_guarded
 
 _PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+RATE_PATTERN = r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)"
 
 
-def trigger_rate() -> tuple[int, int]:
-    count, period = settings.PILOT_TRIGGER_RATE.split("/")
+@dataclass(frozen=True)
+class Scope:
+    name: str
+    setting: str
+    what: str  # for the 429's detail
+
+
+TRIGGER = Scope("trigger", "PILOT_TRIGGER_RATE", "Trigger")
+ACTION = Scope("action", "PILOT_ACTION_RATE", "Cancel/retry")
+
+
+class RateLimited(Throttled):
+    """A 429 whose detail names the limit that was hit."""
+
+    def __init__(self, scope: Scope, wait: float):
+        super().__init__(wait=wait, detail=f"{scope.what} rate limit ({scope.setting}) "
+                                           "exceeded; retry after the number of seconds in "
+                                           "Retry-After")
+
+
+def parse_rate(setting: str, value: str) -> tuple[int, int]:
+    """`"6000/min"` -> (6000, 60); ImproperlyConfigured for anything else."""
+    if not isinstance(value, str) or not re.fullmatch(RATE_PATTERN, value):
+        raise ImproperlyConfigured(
+            f"{setting}={value!r} must look like 6000/min (s, min, hour, day)")
+    count, period = value.split("/")
     return int(count), _PERIODS[period[0]]
 
 
-def trigger_throttle_consume(user, cost: int = 1) -> None:
-    """Count `cost` triggers for `user` in the current window; raise Throttled
-    (with the wait until the window ends) when that goes over the rate. With the
-    cache unreachable the trigger goes through (see workflows.shared_cache)."""
-    wait = cache_soft("trigger throttle", lambda: _consume(user, cost), None)
+def trigger_rate() -> tuple[int, int]:
+    return parse_rate(TRIGGER.setting, settings.PILOT_TRIGGER_RATE)
+
+
+def rate_consume(scope: Scope, user, cost: int = 1) -> None:
+    """Count `cost` requests of `scope` for `user` in the current window; raise
+    RateLimited (with the wait until the window ends) when that goes over the
+    rate. Cache failures: see the module doc."""
+    limit, period = parse_rate(scope.setting, getattr(settings, scope.setting))
+    wait = cache_guarded(f"{scope.name} throttle",
+                         lambda: _consume(f"{scope.name}-rate:{user.pk}", cost, limit, period),
+                         None)
     if wait is not None:
-        raise Throttled(wait=wait)
+        raise RateLimited(scope, wait)
 
 
-def _consume(user, cost: int) -> float | None:
-    """The seconds to wait if `cost` more triggers exceed the rate, else None."""
-    limit, period = trigger_rate()
+def trigger_throttle_consume(user, cost: int = 1) -> None:
+    rate_consume(TRIGGER, user, cost)
+
+
+def _consume(prefix: str, cost: int, limit: int, period: int) -> float | None:
+    """The seconds to wait if `cost` more requests exceed the rate, else None."""
     now = time.time()
     window = int(now // period)
-    key = f"trigger-rate:{user.pk}:{window}"
+    key = f"{prefix}:{window}"
     try:
         used = cache.incr(key, cost)
-    except ValueError:  # first trigger of the window
+    except ValueError:  # first request of the window
         if cache.add(key, cost, timeout=period + 1):
             used = cost
         else:
@@ -59,5 +109,13 @@ class TriggerRateThrottle(BaseThrottle):
     the number of items once they know it."""
 
     def allow_request(self, request, view):
-        trigger_throttle_consume(request.user, 1)
+        rate_consume(TRIGGER, request.user, 1)
+        return True
+
+
+class ActionRateThrottle(BaseThrottle):
+    """For POST /tasks/{id}/cancel and /retry (one shared allowance)."""
+
+    def allow_request(self, request, view):
+        rate_consume(ACTION, request.user, 1)
         return True

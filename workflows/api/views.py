@@ -24,7 +24,11 @@ from workflows.api.serializers import (
     TriggerSerializer,
     WorkflowSerializer,
 )
-from workflows.api.throttling import TriggerRateThrottle, trigger_throttle_consume
+from workflows.api.throttling import (
+    ActionRateThrottle,
+    TriggerRateThrottle,
+    trigger_throttle_consume,
+)
 from workflows.engine.operations import task_cancel, task_retry
 from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
 from workflows.errors import IdempotencyKeyMismatch, PilotError, ValidationFailed
@@ -179,8 +183,11 @@ class TaskDetailView(APIView):
 
 
 class TaskCancelView(APIView):
+    throttle_classes = [ActionRateThrottle]
+
     @extend_schema(operation_id="tasks_cancel", request=CancelSerializer,
-                   responses={200: TaskSerializer, **docs.errors(400, 401, 403, 404, 409)},
+                   responses={200: TaskSerializer,
+                              **docs.errors(400, 401, 403, 404, 409, 429, 503)},
                    description=docs.CANCEL_DESCRIPTION)
     def post(self, request, task_id):
         data = _validated(CancelSerializer, request.data or {})
@@ -190,8 +197,11 @@ class TaskCancelView(APIView):
 
 
 class TaskRetryView(APIView):
+    throttle_classes = [ActionRateThrottle]
+
     @extend_schema(operation_id="tasks_retry", request=RetrySerializer,
-                   responses={202: TaskSerializer, **docs.errors(400, 401, 403, 404, 409)},
+                   responses={202: TaskSerializer,
+                              **docs.errors(400, 401, 403, 404, 409, 429, 503)},
                    description=docs.RETRY_DESCRIPTION)
     def post(self, request, task_id):
         data = _validated(RetrySerializer, request.data or {})

@@ -191,8 +191,15 @@ def _prepare(index: int, request: TriggerRequest) -> _Prepared:
         # PostgreSQL's jsonb cannot store NUL; refuse it on every database alike.
         raise ValidationFailed("The payload contains a NUL character (\\u0000)",
                                errors={"payload": ["Strings may not contain \\u0000."]})
+    try:
+        encoded = canonical_payload.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate ("\ud800"): no database, log or response can hold it.
+        raise ValidationFailed(
+            "The payload contains a lone surrogate (\\ud800-\\udfff)",
+            errors={"payload": ["Strings and keys may not contain lone surrogates."]}) from None
     limit = settings.PILOT_MAX_PAYLOAD_BYTES
-    size = len(canonical_payload.encode("utf-8"))
+    size = len(encoded)
     if size > limit:
         raise PayloadTooLarge(f"The payload is {size} bytes; the limit is {limit}")
     if workflow.payload_serializer is not None:

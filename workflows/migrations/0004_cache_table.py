@@ -1,16 +1,22 @@
-"""Create the database cache table when the default cache is the database.
+"""Create the shared cache's table, `pilot_cache`.
 
-The trigger throttle counts in the `default` cache, shared by every process;
-without REDIS_URL that is a database table. Creating it in a migration means
-`migrate` is the only set-up step a deployment needs.
+The rate limits and login lockouts count in the `default` cache, shared by
+every process; without REDIS_URL that is this table. It is created whatever
+the broker: a deployment migrated with REDIS_URL set and later run without it
+must find its table, not a cache that fails on every call. Creating it in a
+migration means `migrate` is the only set-up step a deployment needs.
 """
 
 from django.core.management import call_command
 from django.db import migrations
 
+CACHE_TABLE = "pilot_cache"  # LOCATION of the database cache in pilot/settings.py
+
 
 def create_cache_table(apps, schema_editor):
-    call_command("createcachetable", database=schema_editor.connection.alias, verbosity=0)
+    # Named explicitly, so it does not depend on what CACHES says today.
+    call_command("createcachetable", CACHE_TABLE, database=schema_editor.connection.alias,
+                 verbosity=0)
 
 
 class Migration(migrations.Migration):

@@ -1,0 +1,50 @@
+"""create_api_client refuses to hang a token on a person's staff or superuser
+account unless told so, and says what the token it prints can do."""
+
+from io import StringIO
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.core.management import CommandError, call_command
+from rest_framework.authtoken.models import Token
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args) -> str:
+    out = StringIO()
+    call_command("create_api_client", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["superuser", "staff"])
+def test_an_existing_staff_or_superuser_account_is_refused(django_user_model, kind):
+    user = django_user_model.objects.create_user(
+        "root", password="pw-root-123", is_staff=True, is_superuser=kind == "superuser")
+    with pytest.raises(CommandError, match="--allow-staff"):
+        run("root")
+    assert not Token.objects.filter(user=user).exists()
+    assert not user.user_permissions.exists()  # nothing granted either
+
+
+def test_allow_staff_attaches_the_token_and_says_it_sees_everything(django_user_model):
+    django_user_model.objects.create_superuser("root", "root@x", "pw-root-123")
+    out = run("root", "--allow-staff")
+    assert "client root: token " in out
+    assert "EVERYTHING ELSE TOO: it is a superuser" in out
+
+
+def test_a_new_client_is_told_it_sees_only_its_own_tasks():
+    out = run("billing-service")
+    assert "trigger workflows (workflows.add_task)" in out
+    assert "read, cancel and retry the tasks it triggered itself" in out
+    assert "EVERY" not in out
+
+
+def test_a_client_that_may_read_everything_is_told_so(django_user_model):
+    run("auditor")
+    auditor = django_user_model.objects.get(username="auditor")
+    auditor.user_permissions.add(Permission.objects.get(codename="view_all_tasks"))
+    out = run("auditor")
+    assert "already has a token" in out
+    assert "read EVERY client's tasks, payloads and results" in out

@@ -1,0 +1,44 @@
+"""django-q2's Schedule admin, locked down.
+
+django-q2 registers an admin for its `Schedule` model in which anyone with
+`django_q.add_schedule` (every superuser) may type any dotted path as `func`
+(or `hook`) with any arguments: `os.system` with `"curl … | sh"` runs on every
+worker machine. One compromised admin account would be a shell on the fleet.
+
+PILOT offers no arbitrary-callable scheduling. `LockedScheduleAdmin` replaces
+django-q2's: nobody can add a schedule in the admin, and on an existing one
+(PILOT's own `pilot.cleanup_tasks`, migration 0005, or one a deployment
+created in code) only the timing can change — `schedule_type`, `minutes`,
+`repeats` (0 disables it), `next_run`, `cron`. What runs (`func`, `args`,
+`kwargs`, `hook`) and where (`cluster`) is read-only for everyone, superusers
+included. Deleting stays possible (a deployment may prefer cron to run
+`cleanup_tasks`). New schedules are code: a data migration, like 0005.
+
+`install()` runs from WorkflowsConfig.ready(), after the admin's autodiscovery
+registered django-q2's admin.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django_q.admin import ScheduleAdmin
+from django_q.models import Schedule
+
+# The only Schedule fields the admin may change: when, never what.
+TIMING_FIELDS = ("schedule_type", "minutes", "repeats", "next_run", "cron")
+
+
+class LockedScheduleAdmin(ScheduleAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def get_readonly_fields(self, request, obj=None):
+        # Every field but the timing ones, including any a later django-q2 adds.
+        return [f.name for f in Schedule._meta.fields
+                if f.name not in TIMING_FIELDS and not f.primary_key]
+
+
+def install(site=admin.site) -> None:
+    if site.is_registered(Schedule):
+        site.unregister(Schedule)
+    site.register(Schedule, LockedScheduleAdmin)
