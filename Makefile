@@ -74,8 +74,10 @@ $(BENCH_VENV)/.installed: bench/requirements.txt
 	touch $@
 
 ## bench: PILOT against its baselines (raw django-q2, a bare DRF insert, DBOS,
-## Procrastinate) on the local PostgreSQL and Redis, ~10 minutes; prints the table
-## and writes bench/results.md. BENCH_QUICK=1: short runs, to check the harness.
+## Procrastinate) on the local PostgreSQL and Redis, and embedded mode (SQLite next
+## to PostgreSQL), ~13 minutes; prints the table and writes bench/results.md.
+## BENCH_QUICK=1: short runs, to check the harness. BENCH_ONLY=embedded: that
+## section alone, updated in bench/results.md in place.
 bench: $(VENV)/.installed $(BENCH_VENV)/.installed
 	@command -v wrk >/dev/null || (apt-get update -q && apt-get install -y -q wrk)
 	BENCH_QUICK=$(BENCH_QUICK) $(PY) -m bench.run
