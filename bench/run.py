@@ -2,10 +2,10 @@
 one run, several repetitions, a table of medians, min–max and ratios with every
 goal marked met or NOT met, written to bench/results.md.
 
-    .venv/bin/python -m bench.run               the full run (~13 minutes)
+    .venv/bin/python -m bench.run               the full run (~15 minutes)
     BENCH_QUICK=1 .venv/bin/python -m bench.run  short runs, to check the harness
     BENCH_ONLY=embedded .venv/bin/python -m bench.run
-                                                 only section 9 (embedded mode, ~3 minutes),
+                                                 only section 9 (embedded mode, ~5 minutes),
                                                  replaced in bench/results.md in place
 
 Each workload is a script run as its own process with the environment it
@@ -82,7 +82,7 @@ class Plan:
 
 FULL = Plan("full", trigger_reps=3, trigger_seconds=8, batches=3, e2e_reps=3, e2e_runs=2000,
             scaling_runs=1000, paced_runs=60, pace=20, cleanup_tasks=100_000,
-            cleanup_seconds=10, profile_runs=500, embedded_reps=3, embedded_seconds=6,
+            cleanup_seconds=10, profile_runs=500, embedded_reps=3, embedded_seconds=5,
             embedded_runs=1000)
 QUICK = Plan("quick", trigger_reps=2, trigger_seconds=3, batches=1, e2e_reps=1, e2e_runs=300,
              scaling_runs=200, paced_runs=30, pace=20, cleanup_tasks=10_000,
