@@ -25,9 +25,11 @@ from django.conf import settings
 from pilot.processes import descendants
 from tests.procs import ROOT, free_port
 
-# Our own variables: a developer's shell has none of them set.
+# Our own variables (and those of the `make test` running us): a developer's
+# shell has none of them set.
 _TEST_ONLY = ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "DJANGO_SECRET_KEY",
-              "PILOT_Q_CLUSTER_NAME", "PROMETHEUS_MULTIPROC_DIR", "PILOT_REQUIRE_POSTGRES")
+              "PILOT_Q_CLUSTER_NAME", "PROMETHEUS_MULTIPROC_DIR", "PILOT_REQUIRE_POSTGRES",
+              "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
 
 
 @dataclasses.dataclass

@@ -112,3 +112,13 @@ def test_sigint_to_make_stops_everything_within_10_s(local_run, how):
     assert f"\n{reason}: stopping; waiting for the workers" in log
     assert_said_what_it_waited_for(log, running)
     assert run.popen.returncode == -signal.SIGINT  # make re-raises it once its recipe ended
+
+
+def test_a_sigkilled_run_local_leaves_nothing_running(local_run):
+    """Its children get SIGTERM when it dies (PR_SET_PDEATHSIG) and stop by
+    themselves, within their own bounds."""
+    run = local_run()
+    tree = run.tree()
+    os.kill(run.popen.pid, signal.SIGKILL)
+    stopped_within(run, tree, BOUND, time.monotonic())
+    assert "pilot.workers: SIGTERM: stopping the workers" in run.log()
