@@ -53,6 +53,7 @@ class LocalRun:
         self.stopping = False
         self.hurry = False
         self.metrics_dir: str | None = None
+        self.watch = None  # processes.ParentWatch on the make running us, if any
 
     # --- signals ---------------------------------------------------------------------
 
@@ -67,10 +68,14 @@ class LocalRun:
     # --- the run ---------------------------------------------------------------------
 
     def run(self) -> int:
-        from pilot.processes import STOP_SIGNALS
+        from pilot.processes import STOP_SIGNALS, ParentWatch
 
         for sig in STOP_SIGNALS:
             signal.signal(sig, self.on_signal)
+        # Watch the make that runs us from the start: it may be signalled during set-up.
+        stop_with = os.environ.get("PILOT_STOP_WITH", "")
+        if stop_with.isdigit() and int(stop_with) == os.getppid():
+            self.watch = ParentWatch(int(stop_with))
         try:
             try:
                 banner = self.setup()
@@ -114,29 +119,22 @@ class LocalRun:
         web_env.setdefault("PILOT_WEB_THREADS", "4")
         web_env.setdefault("PILOT_WEB_ACCESS_LOG", "-")
         web_env.setdefault("PILOT_STOP_SECONDS", f"{settings.PILOT_STOP_SECONDS:g}")
-        self.children = [
-            Child.start("workers", [py, "manage.py", "run_workers"], cwd=ROOT),
-            Child.start("dispatcher", [py, "manage.py", "run_dispatcher"], cwd=ROOT),
-            # No control socket: its one default path would be shared by every
-            # gunicorn of this user (another `make run`, the tests).
-            Child.start("web server", [py, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py",
-                                       "--no-control-socket", "pilot.wsgi"],
-                        env=web_env, cwd=ROOT),
-        ]
+        self.children.append(Child.start("workers", [py, "manage.py", "run_workers"], cwd=ROOT))
+        self.children.append(Child.start("dispatcher", [py, "manage.py", "run_dispatcher"],
+                                         cwd=ROOT))
+        # No control socket: its one default path would be shared by every gunicorn
+        # of this user (another `make run`, the tests).
+        self.children.append(Child.start(
+            "web server", [py, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py",
+                           "--no-control-socket", "pilot.wsgi"], env=web_env, cwd=ROOT))
 
     def supervise(self, banner: str) -> None:
         """Until a stop is asked for or a child exits; prints `banner` once the
         web server answers."""
-        from pilot.processes import ParentWatch
-
-        watch = None
-        stop_with = os.environ.get("PILOT_STOP_WITH", "")
-        if stop_with.isdigit() and int(stop_with) == os.getppid():
-            watch = ParentWatch(int(stop_with))
         ready_by = time.monotonic() + 60
         shown = False
         while self.reason is None:
-            if watch is not None and (why := watch.signalled()):
+            if self.watch is not None and (why := self.watch.signalled()):
                 self.reason = why
                 break
             dead = [child for child in self.children if not child.alive]
