@@ -304,7 +304,9 @@ def only_embedded(bench: Bench, load_start) -> None:
         sections.append(Section("Workloads that failed", ["workload and error (see "
                                                           "bench/out/logs/)"],
                                 [[f.splitlines()[0][:300]] for f in bench.failures]))
-    meta = machine_meta(bench.plan, load_start, os.getloadavg(), bench.elapsed() / 60)
+    meta = [m.split("; peers")[0] + "." if "; peers" in m else m  # no peers ran
+            for m in machine_meta(bench.plan, load_start, os.getloadavg(),
+                                  bench.elapsed() / 60)]
     print(report.render_text(EMBEDDED_TITLE, meta, sections, []))
     section = report.render_markdown("x", [], sections, [], [])
     section = section[section.index(f"## {EMBEDDED_TITLE}"):]
