@@ -15,9 +15,12 @@ $(VENV)/.installed-dev: requirements.txt requirements-dev.txt $(VENV)/.installed
 	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements-dev.txt
 	touch $@
 
-## run: web server, worker and dispatcher on SQLite with the ORM broker (Ctrl-C stops all)
+## run: web server, workers and dispatcher on SQLite with the ORM broker, on
+## 127.0.0.1, port PILOT_PORT (default 8000). Ctrl-C, or SIGINT/SIGTERM to this make,
+## stops all within ~10 s: make passes SIGINT on to no one, so run-local watches
+## make (PILOT_STOP_WITH) and stops when make is signalled (docs/operations.md).
 run: $(VENV)/.installed
-	bin/run-local
+	PILOT_STOP_WITH=$$PPID exec bin/run-local
 
 ## test: the whole suite. Always on SQLite; then, when DATABASE_URL points at
 ## PostgreSQL (and REDIS_URL at Redis), everything again there, including the
@@ -71,8 +74,10 @@ $(BENCH_VENV)/.installed: bench/requirements.txt
 	touch $@
 
 ## bench: PILOT against its baselines (raw django-q2, a bare DRF insert, DBOS,
-## Procrastinate) on the local PostgreSQL and Redis, ~10 minutes; prints the table
-## and writes bench/results.md. BENCH_QUICK=1: short runs, to check the harness.
+## Procrastinate) on the local PostgreSQL and Redis, and embedded mode (SQLite next
+## to PostgreSQL), ~15 minutes; prints the table and writes bench/results.md.
+## BENCH_QUICK=1: short runs, to check the harness. BENCH_ONLY=embedded: that
+## section alone, updated in bench/results.md in place.
 bench: $(VENV)/.installed $(BENCH_VENV)/.installed
 	@command -v wrk >/dev/null || (apt-get update -q && apt-get install -y -q wrk)
 	BENCH_QUICK=$(BENCH_QUICK) $(PY) -m bench.run

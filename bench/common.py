@@ -29,7 +29,8 @@ PILOT_PY = ROOT / ".venv" / "bin" / "python"
 BENCH_PY = ROOT / "bench" / ".venv" / "bin" / "python"
 
 PG_SERVER = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
-DB_NAME = "pilot_bench"
+# BENCH_DB: another pilot_bench* database, when two benchmarks share a server.
+DB_NAME = os.environ.get("BENCH_DB", "pilot_bench")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/3")
 CLUSTER_NAME = "pilot-bench"
 CLIENT_NAME = "bench-client"

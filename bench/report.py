@@ -67,7 +67,7 @@ def render_text(title: str, meta: list[str], sections: list[Section], goals: lis
     out = [title, "=" * len(title), *meta, ""]
     goal_section = Section("Goals of issue 7", ["goal", "measured", "target", "verdict"],
                            [[g.name, g.figure, g.target, g.verdict] for g in goals])
-    for section in [*sections, goal_section]:
+    for section in [*sections, goal_section] if goals else sections:
         out += [section.title, "-" * len(section.title)]
         widths = _widths(section.header, section.rows)
         for row in [section.header, *section.rows]:
@@ -83,8 +83,9 @@ def render_markdown(title: str, meta: list[str], sections: list[Section], goals:
     out = [f"# {title}", "", *[f"{m}  " for m in meta], ""]
     goal_rows = [[g.name, g.figure, g.target, f"**{g.verdict}**" if g.met is False
                   else g.verdict] for g in goals]
-    for section in [Section("Goals of issue 7", ["goal", "measured", "target", "verdict"],
-                            goal_rows), *sections]:
+    goal_section = Section("Goals of issue 7", ["goal", "measured", "target", "verdict"],
+                           goal_rows)
+    for section in [goal_section, *sections] if goals else sections:
         out += [f"## {section.title}", ""]
         out.append("| " + " | ".join(section.header) + " |")
         out.append("|" + "|".join("---" for _ in section.header) + "|")

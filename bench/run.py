@@ -2,8 +2,11 @@
 one run, several repetitions, a table of medians, min–max and ratios with every
 goal marked met or NOT met, written to bench/results.md.
 
-    .venv/bin/python -m bench.run               the full run (~10 minutes)
+    .venv/bin/python -m bench.run               the full run (~15 minutes)
     BENCH_QUICK=1 .venv/bin/python -m bench.run  short runs, to check the harness
+    BENCH_ONLY=embedded .venv/bin/python -m bench.run
+                                                 only section 9 (embedded mode, ~5 minutes),
+                                                 replaced in bench/results.md in place
 
 Each workload is a script run as its own process with the environment it
 needs (bench/workloads/, bench/peers/); this module only orders them, keeps
@@ -32,6 +35,7 @@ from bench.common import (
     OUT,
     PILOT_PY,
     ROOT,
+    db_url,
     parse_result,
     pilot_env,
     quick,
@@ -42,9 +46,11 @@ from bench.profile_summary import summarise
 from bench.report import Goal, Section
 from bench.tables import (
     E2E_SYSTEMS,
+    EMBEDDED_TITLE,
     batch_section,
     cleanup_section,
     e2e_section,
+    embedded_section,
     lag_section,
     profile_section,
     queries_section,
@@ -69,14 +75,20 @@ class Plan:
     cleanup_tasks: int
     cleanup_seconds: int
     profile_runs: int
+    embedded_reps: int
+    embedded_seconds: int  # per trigger load, database and repetition
+    embedded_runs: int     # end-to-end runs per database and repetition
 
 
 FULL = Plan("full", trigger_reps=3, trigger_seconds=8, batches=3, e2e_reps=3, e2e_runs=2000,
             scaling_runs=1000, paced_runs=60, pace=20, cleanup_tasks=100_000,
-            cleanup_seconds=10, profile_runs=500)
+            cleanup_seconds=10, profile_runs=500, embedded_reps=3, embedded_seconds=5,
+            embedded_runs=1000)
 QUICK = Plan("quick", trigger_reps=2, trigger_seconds=3, batches=1, e2e_reps=1, e2e_runs=300,
              scaling_runs=200, paced_runs=30, pace=20, cleanup_tasks=10_000,
-             cleanup_seconds=3, profile_runs=200)
+             cleanup_seconds=3, profile_runs=200, embedded_reps=1, embedded_seconds=3,
+             embedded_runs=200)
+EMBEDDED_SQLITE = OUT / "embedded.sqlite3"
 
 
 class Bench:
@@ -126,14 +138,37 @@ class Bench:
                                  for broker in ("orm", "redis")]
         self.profile()
         self.end_to_end()
+        self.embedded()
+
+    def embedded(self) -> None:
+        """Section 9: `make run`'s configuration on SQLite and on PostgreSQL,
+        repetitions interleaved (bench/workloads/embedded.py, then e2e)."""
+        p = self.plan
+        urls = {"postgres": db_url(), "sqlite": f"sqlite:///{EMBEDDED_SQLITE}"}
+        results: dict = {db: {"http": [], "e2e": []} for db in urls}
+        self.results["embedded"] = results
+        prepared = self.workload("prepare-sqlite", "bench.workloads.prepare",
+                                 env=pilot_env("orm", DATABASE_URL=urls["sqlite"]))
+        if prepared is None:
+            return
+        for rep in range(p.embedded_reps):
+            for db, url in urls.items():
+                env = pilot_env("orm", DATABASE_URL=url, PILOT_DEMO_WORKFLOWS="true")
+                results[db]["http"].append(self.workload(
+                    f"embedded-triggers-{db}-{rep + 1}", "bench.workloads.embedded",
+                    "--seconds", p.embedded_seconds, "--hold", 1, env=env))
+                results[db]["e2e"].append(self.e2e(
+                    "pilot", "orm", p.embedded_runs, name=f"embedded-e2e-{db}-{rep + 1}",
+                    database=url))
 
     def e2e(self, system: str, broker: str | None, runs: int, *, workers: int = 2,
-            pace: float = 0.0, name: str, extra: tuple = ()) -> dict | None:
+            pace: float = 0.0, name: str, extra: tuple = (),
+            database: str | None = None) -> dict | None:
         if system in ("pilot", "raw", "rawdefault"):
             args = ["--system", system, "--runs", runs, "--workers", workers, *extra]
             if pace:
                 args += ["--pace", pace]
-            env = pilot_env(broker)
+            env = pilot_env(broker, **({"DATABASE_URL": database} if database else {}))
             if system == "rawdefault":
                 env["DJANGO_SETTINGS_MODULE"] = "bench.settings_qdefaults"
             return self.workload(name, "bench.workloads.e2e", *args, env=env)
@@ -202,11 +237,12 @@ def machine_meta(plan: Plan, load_start, load_end, minutes: float) -> list[str]:
 
 
 
-def preflight() -> None:
+def preflight(only: str | None) -> None:
     """Fail at once, with the reason, when a server or tool the run needs is missing."""
     import socket
 
-    for what, port in (("PostgreSQL", 5432), ("Redis", 6379)):
+    needed = (("PostgreSQL", 5432),) if only else (("PostgreSQL", 5432), ("Redis", 6379))
+    for what, port in needed:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=3).close()
         except OSError:
@@ -214,18 +250,23 @@ def preflight() -> None:
                              "(.ci/run shows how) and run make bench again") from None
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is missing: apt-get install wrk (make bench does it)")
-    if not BENCH_PY.exists():
+    if not BENCH_PY.exists() and not only:
         raise SystemExit("bench/.venv is missing: run `make bench`, which creates it")
 
 
 def main() -> None:
-    preflight()
+    only = os.environ.get("BENCH_ONLY") or None
+    if only not in (None, "embedded"):
+        raise SystemExit(f"BENCH_ONLY={only!r}: the only section that runs alone is 'embedded'")
+    preflight(only)
     plan = QUICK if quick() else FULL
     for stale in (LOGS, OUT / "probe"):  # the last run's logs; bench/out is ours alone
         shutil.rmtree(stale, ignore_errors=True)
     OUT.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
     bench = Bench(plan)
+    if only:
+        return only_embedded(bench, load_start)
     bench.run()
     results = bench.results
     results["failures"] = bench.failures
@@ -234,7 +275,8 @@ def main() -> None:
     sections = [*trigger_section(results, goals), *batch_section(results, goals),
                 *e2e_section(results, goals), *lag_section(results),
                 *cleanup_section(results, goals), *scaling_section(results),
-                *queries_section(results), *profile_section(results)]
+                *queries_section(results), *profile_section(results),
+                *embedded_section(results)]
     if bench.failures:
         sections.append(Section("Workloads that failed", ["workload and error (see "
                                                           "bench/out/logs/)"],
@@ -245,6 +287,52 @@ def main() -> None:
     RESULTS_MD.write_text(report.render_markdown(title, meta, sections, goals, [
         "Produced by `make bench` (bench/run.py); raw figures in bench/out/results.json."]))
     say(f"wrote {RESULTS_MD.relative_to(ROOT)} in {bench.elapsed() / 60:.1f} min")
+
+
+def only_embedded(bench: Bench, load_start) -> None:
+    """Run section 9 alone and put it into bench/results.md in place of the
+    last one (the other sections stay as the last full run left them)."""
+    if bench.workload("prepare", "bench.workloads.prepare", env=pilot_env("orm")) is None:
+        raise SystemExit("could not prepare the bench database:\n" + bench.failures[-1])
+    bench.embedded()
+    results = bench.results
+    results["failures"] = bench.failures
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "results-embedded.json").write_text(json.dumps(results, indent=1, default=str))
+    sections = embedded_section(results)
+    if bench.failures:
+        sections.append(Section("Workloads that failed", ["workload and error (see "
+                                                          "bench/out/logs/)"],
+                                [[f.splitlines()[0][:300]] for f in bench.failures]))
+    meta = [m.split("; peers")[0] + "." if "; peers" in m else m  # no peers ran
+            for m in machine_meta(bench.plan, load_start, os.getloadavg(),
+                                  bench.elapsed() / 60)]
+    print(report.render_text(EMBEDDED_TITLE, meta, sections, []))
+    section = report.render_markdown("x", [], sections, [], [])
+    section = section[section.index(f"## {EMBEDDED_TITLE}"):]
+    section = section.replace("\n\n", "\n\nMeasured alone (BENCH_ONLY=embedded), not in "
+                              "the run above:\n\n" + "\n".join(f"- {m}" for m in meta)
+                              + "\n\n", 1)
+    RESULTS_MD.write_text(splice_section(RESULTS_MD.read_text(), EMBEDDED_TITLE, section))
+    say(f"updated section 9 of {RESULTS_MD.relative_to(ROOT)} in "
+        f"{bench.elapsed() / 60:.1f} min")
+
+
+def splice_section(markdown: str, title: str, section: str) -> str:
+    """`markdown` with its `## title` section (up to the next `## ` heading or
+    the closing "Produced by" line) replaced by `section`, or `section` added
+    before that closing line."""
+    lines = markdown.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == f"## {title}"), None)
+    footer = next((i for i, line in enumerate(lines) if line.startswith("Produced by")),
+                  len(lines))
+    if start is None:
+        start = end = footer
+    else:
+        end = next((i for i in range(start + 1, len(lines))
+                    if lines[i].startswith("## ") or lines[i].startswith("Produced by")),
+                   len(lines))
+    return "".join(lines[:start]) + section.rstrip("\n") + "\n\n" + "".join(lines[end:])
 
 
 if __name__ == "__main__":

@@ -267,3 +267,62 @@ def profile_section(r: dict) -> list[Section]:
              "collapsed stacks in bench/out/profile-worker.txt (speedscope opens them)."]
     return [Section("8. Worker hot path profile", ["summary"], [[line] for line in lines if line],
                     notes)]
+
+
+EMBEDDED_TITLE = "9. Embedded mode: `make run` on SQLite next to PostgreSQL"
+
+
+def embedded_section(r: dict) -> list[Section]:
+    emb = r.get("embedded") or {}
+    http = {db: [x for x in (emb.get(db) or {}).get("http", []) if x]
+            for db in ("postgres", "sqlite")}
+    e2e = {db: [x for x in (emb.get(db) or {}).get("e2e", []) if x]
+           for db in ("postgres", "sqlite")}
+
+    def plain(db, key):
+        return _values([x["plain"] for x in http[db]], key)
+
+    def hold(db, key):
+        return _values([x["hold"] for x in http[db]], key)
+
+    base_rps = median(plain("postgres", "rps"))
+    base_e2e = median(_values(e2e["postgres"], "runs_per_s"))
+    rows = []
+    for db, label in (("postgres", "PostgreSQL"), ("sqlite", "SQLite (the embedded default)")):
+        rps, e2e_rate = median(plain(db, "rps")), median(_values(e2e[db], "runs_per_s"))
+        rows.append([label, spread(plain(db, "rps")), spread(plain(db, "p50_ms"), 1),
+                     spread(plain(db, "p99_ms"), 1), times(ratio(rps, base_rps)),
+                     f"{spread(hold(db, 'rps'))} req/s; {spread(hold(db, 'p50_ms'), 0)} / "
+                     f"{spread(hold(db, 'p99_ms'), 0)} / {spread(hold(db, 'max_ms'), 0)} ms",
+                     spread(_values(e2e[db], "runs_per_s"), 1), times(ratio(e2e_rate, base_e2e)),
+                     sum(_values([x["plain"] for x in http[db]], "non_2xx"))
+                     + sum(_values([x["hold"] for x in http[db]], "non_2xx"))])
+    plan = r["plan"]
+    held = next((x["hold_seconds"] for db in http for x in http[db]), 1)
+    notes = [
+        "Both databases in `make run`'s configuration, measured side by side in this run: "
+        "deploy/gunicorn.conf.py with 2 processes x 4 threads, the django-q2 ORM broker, the "
+        "trigger throttle in the database cache; bench settings (DEBUG off, unlike `make "
+        "run`). Triggers: wrk, 16 connections, new keys, "
+        f"{plan['embedded_seconds']} s per load and repetition, databases interleaved, no "
+        f"workers running; {len(http['sqlite'])} repetition(s).",
+        f"Atomic step column: the same load while one worker runs demo.sync_orders runs "
+        f"back to back, whose atomic `write` step keeps its transaction open {held:g} s "
+        "(step_seconds).",
+        f"End to end: {plan['embedded_runs']} runs of test.noop3 (3 steps) from the first "
+        "trigger to the last finish, qcluster with 2 workers + run_dispatcher, as in section "
+        "3.",
+        "SQLite's limits: one writer at a time for the whole database. Every write "
+        "transaction (a trigger, a claim, a checkpoint, the broker's dequeue) takes the write "
+        "lock at BEGIN (IMMEDIATE) and the others queue behind it for up to "
+        "PILOT_SQLITE_TIMEOUT (30 s) before failing with `database is locked`. A long atomic "
+        "step holds that lock for its whole body, so triggers and every other worker wait "
+        "for it (the atomic step column). No row locks (SELECT ... FOR UPDATE is a no-op; "
+        "PILOT's concurrency guarantees are proven on PostgreSQL) and one machine only. "
+        "Evaluate on SQLite; deploy on PostgreSQL.",
+    ]
+    header = ["database", "triggers/s median (min–max)", "p50 ms", "p99 ms",
+              "triggers/s vs PostgreSQL",
+              f"triggers while an atomic step holds {held:g} s: req/s; p50 / p99 / max",
+              "end-to-end runs/s median (min–max)", "runs/s vs PostgreSQL", "non-2xx"]
+    return [Section(EMBEDDED_TITLE, header, rows, notes)]

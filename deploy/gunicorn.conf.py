@@ -3,9 +3,13 @@
     gunicorn -c deploy/gunicorn.conf.py pilot.wsgi
 
 Environment: PORT (default 8000), PILOT_BIND_HOST (default 0.0.0.0),
-WEB_CONCURRENCY (worker processes, default 2 x cores + 1), PILOT_WEB_TIMEOUT
-(seconds a request may take, default 30), PROMETHEUS_MULTIPROC_DIR (shared with
-the machine's qcluster and dispatcher processes; see README "Metrics").
+WEB_CONCURRENCY (worker processes, default 2 x cores + 1), PILOT_WEB_THREADS
+(threads per worker process, default 1; more than 1 makes them gthread workers),
+PILOT_WEB_TIMEOUT (seconds a request may take, default 30), PILOT_STOP_SECONDS
+(how long a stop lets requests in flight finish, default 8; below systemd's
+TimeoutStopSec=10), PILOT_WEB_ACCESS_LOG (`-` for an access log on stdout, as
+`make run` does; unset: none), PROMETHEUS_MULTIPROC_DIR (shared with the
+machine's worker and dispatcher processes; see README "Metrics").
 """
 
 import multiprocessing
@@ -13,12 +17,17 @@ import os
 
 bind = f"{os.environ.get('PILOT_BIND_HOST', '0.0.0.0')}:{os.environ.get('PORT', '8000')}"
 workers = int(os.environ.get("WEB_CONCURRENCY", multiprocessing.cpu_count() * 2 + 1))
+threads = int(os.environ.get("PILOT_WEB_THREADS", "1"))
 timeout = int(os.environ.get("PILOT_WEB_TIMEOUT", "30"))
-graceful_timeout = 30
+# SIGTERM: finish the requests in flight for at most this long, then exit; the
+# whole stop stays within the bound of docs/operations.md "Stopping".
+graceful_timeout = int(float(os.environ.get("PILOT_STOP_SECONDS", "8")))
 # Heartbeat files on tmpfs: a slow disk must not make the arbiter kill workers.
 worker_tmp_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
 # Request logs belong to the TLS proxy in front; the app logs its own events as JSON.
-accesslog = None
+# A local run (no proxy) asks for them on stdout.
+accesslog = os.environ.get("PILOT_WEB_ACCESS_LOG") or None
+access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms'
 errorlog = "-"
 # Trust X-Forwarded-* only from the proxies Django is told about (PILOT_TRUSTED_PROXIES);
 # Django itself reads them, gunicorn needs not.

@@ -289,6 +289,11 @@ for _name, _rate in (("PILOT_TRIGGER_RATE", PILOT_TRIGGER_RATE),
 # Longest a single django-q2 delivery may run before its worker is killed; the
 # lease and checkpoints make the kill safe, the next attempt resumes.
 PILOT_TASK_TIMEOUT = env_int("PILOT_TASK_TIMEOUT", 1800, minimum=1)
+# How long `run_workers` (and `make run`) let running steps go on after SIGTERM or
+# SIGINT before ending the workers with SIGKILL; a step cut short resumes from its
+# last checkpoint once its lease expires. Keep it below the process manager's own
+# stop timeout (deploy/systemd: TimeoutStopSec=10). See docs/operations.md.
+PILOT_STOP_SECONDS = env_float("PILOT_STOP_SECONDS", 8.0, minimum=1)
 
 # One cache shared by every process on every machine (the rate limits, login
 # lockouts, the metrics' task counts): a table in the main database by default

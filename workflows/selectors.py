@@ -130,3 +130,19 @@ def task_counts_by_state() -> dict[str, int]:
         counts = {state: 0 for state in TaskState.values}
         counts.update(dict(rows))
     return counts
+
+
+def tasks_in_flight(*, worker_ids):
+    """The tasks a worker among `worker_ids` ("host:pid", as the lease records
+    it) holds a lease on right now, oldest claim first, each annotated with
+    `current_step`: the name of its step that is running (None between steps).
+    Used to say what a stop waits for; reads only."""
+    from django.db.models import OuterRef, Subquery
+
+    from workflows.models import StepCheckpoint
+    from workflows.states import LEASED_STATES, StepState
+
+    running_step = StepCheckpoint.objects.filter(
+        task=OuterRef("pk"), state=StepState.RUNNING).order_by("-index").values("name")[:1]
+    return (Task.objects.filter(state__in=LEASED_STATES, lease_owner__in=list(worker_ids))
+            .annotate(current_step=Subquery(running_step)).order_by("started_at"))

@@ -29,15 +29,25 @@ def free_port() -> int:
 
 
 class Server:
-    """gunicorn serving PILOT (sync workers, the default), with the bench endpoints."""
+    """gunicorn serving PILOT (sync workers, the default), with the bench endpoints.
+    `threads` > 1: deploy/gunicorn.conf.py with that many threads per worker
+    process (gthread), as `make run` serves (pilot/localrun.py)."""
 
-    def __init__(self, env: dict, name: str, workers: int = GUNICORN_WORKERS):
+    def __init__(self, env: dict, name: str, workers: int = GUNICORN_WORKERS,
+                 threads: int = 1):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workers = workers
-        self.proc = Proc(name, [GUNICORN, "pilot.wsgi:application", "--workers", workers,
-                                "--bind", f"127.0.0.1:{self.port}", "--timeout", "120",
-                                "--graceful-timeout", "5", "--log-level", "warning"], env)
+        if threads > 1:
+            env = {**env, "PORT": str(self.port), "PILOT_BIND_HOST": "127.0.0.1",
+                   "WEB_CONCURRENCY": str(workers), "PILOT_WEB_THREADS": str(threads)}
+            args = [GUNICORN, "-c", ROOT / "deploy" / "gunicorn.conf.py", "--no-control-socket",
+                    "--log-level", "warning", "pilot.wsgi"]
+        else:
+            args = [GUNICORN, "pilot.wsgi:application", "--workers", workers,
+                    "--bind", f"127.0.0.1:{self.port}", "--timeout", "120",
+                    "--graceful-timeout", "5", "--log-level", "warning"]
+        self.proc = Proc(name, args, env)
 
     def __enter__(self) -> Server:
         self.proc.start()

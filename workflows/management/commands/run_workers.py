@@ -1,0 +1,93 @@
+"""`manage.py run_workers`: django-q2's `qcluster`, stopped within a bound."""
+
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, connections
+
+from pilot.processes import STOP_SIGNALS, Child
+from workflows.selectors import tasks_in_flight
+
+log = logging.getLogger("pilot.workers")
+
+
+class Command(BaseCommand):
+    help = ("Run the django-q2 worker cluster (qcluster, PILOT_Q_WORKERS processes). On "
+            "SIGTERM, SIGINT or SIGHUP it says which tasks it waits for, lets them run for up "
+            "to PILOT_STOP_SECONDS, then ends the cluster with SIGKILL: an interrupted task "
+            "resumes from its last checkpoint once its lease expires. Exits 1 if the cluster "
+            "dies by itself.")
+
+    def handle(self, *args, **options):
+        stop = threading.Event()
+        received: list[int] = []
+
+        def request_stop(signum, frame):
+            received.append(signum)
+            stop.set()
+
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, request_stop)
+        connections.close_all()  # nothing held while the cluster runs
+        cluster = Child.start("qcluster", [sys.executable, settings.BASE_DIR / "manage.py",
+                                           "qcluster"], cwd=settings.BASE_DIR)
+        while not stop.wait(0.2):
+            if not cluster.alive:
+                cluster.kill()  # whatever it left behind
+                raise CommandError(f"qcluster exited by itself (code {cluster.returncode})")
+        cluster_stop(cluster, grace=settings.PILOT_STOP_SECONDS,
+                     reason=signal.Signals(received[0]).name)
+
+
+def cluster_stop(cluster: Child, *, grace: float, reason: str) -> bool:
+    """Stop `cluster` (a running qcluster in its own process group) within about
+    `grace` seconds: log what it is waiting for, SIGTERM the qcluster main
+    process only (it then stops its sentinel, which lets the workers finish
+    their current tasks), and SIGKILL the whole group if it has not exited by
+    then. True if it stopped by itself."""
+    started = time.monotonic()
+    tasks = _in_flight(cluster.group())
+    log.info("%s: stopping the workers; %s (up to %s s)", reason, _waiting_for(tasks),
+             f"{grace:g}")
+    cluster.terminate()
+    if cluster.wait(started + grace):
+        cluster.kill()  # leftovers of the group, if any
+        log.info("workers stopped in %.1f s", time.monotonic() - started)
+        return True
+    cluster.kill()
+    log.warning("workers had not stopped after %s s: ended them (SIGKILL)%s", f"{grace:g}",
+                "; what they were running resumes from its last checkpoint once its lease "
+                "expires (PILOT_LEASE_SECONDS) and workers run again" if tasks != [] else "")
+    return False
+
+
+def _in_flight(pids: list[int]) -> list | None:
+    """The tasks whose lease one of `pids` holds (a lease names its worker
+    `host:pid`, see engine.leases.worker_id); None if the database did not answer."""
+    host = socket.gethostname()
+    try:
+        return list(tasks_in_flight(worker_ids=[f"{host}:{pid}" for pid in pids])[:10])
+    except DatabaseError as exc:
+        log.warning("could not read the tasks in flight: %s", str(exc)[:200])
+        return None
+    finally:
+        connections.close_all()
+
+
+def _waiting_for(tasks: list | None) -> str:
+    """What the stop waits for, in words."""
+    if tasks is None:
+        return "waiting for the workers to finish their tasks"
+    if not tasks:
+        return "waiting for the workers to stop (no task running)"
+    described = ", ".join(
+        f"{task.pk} ({task.workflow}" + (f", step {task.current_step}" if task.current_step
+                                         else "") + ")" for task in tasks)
+    plural = "s" if len(tasks) > 1 else ""
+    return f"waiting for the worker{plural} to finish task{plural} {described}"
