@@ -243,6 +243,11 @@ PILOT_DISPATCHER_POLL_SECONDS = env_float("PILOT_DISPATCHER_POLL_SECONDS", 1.0, 
 # A pending task unclaimed this long is enqueued again (its message may be lost).
 PILOT_REENQUEUE_SECONDS = env_float("PILOT_REENQUEUE_SECONDS", 10.0, minimum=0.5)
 PILOT_Q_WORKERS = env_int("PILOT_Q_WORKERS", 2, minimum=1)
+# Schedules (docs/schedules.md): how often run_scheduler looks for new or changed
+# schedules when none is due sooner, and how late a slot may fire and still count
+# as on time (older slots are "missed" and follow the schedule's policy).
+PILOT_SCHEDULER_POLL_SECONDS = env_float("PILOT_SCHEDULER_POLL_SECONDS", 1.0, minimum=0.05)
+PILOT_SCHEDULE_GRACE_SECONDS = env_float("PILOT_SCHEDULE_GRACE_SECONDS", 60.0, minimum=0)
 PILOT_MAX_PAYLOAD_BYTES = env_int("PILOT_MAX_PAYLOAD_BYTES", 262144, minimum=2)
 PILOT_TRIGGER_RATE = env_str("PILOT_TRIGGER_RATE", "6000/min")
 if not re.fullmatch(r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)", PILOT_TRIGGER_RATE):

@@ -7,9 +7,17 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from workflows import checks, login_guard  # noqa: F401  (register checks, signals)
+        from django.db.models.signals import post_migrate
+
+        # Imported for their side effects: checks, signals, the schedules' admin.
+        from workflows import checks, login_guard, schedules_admin  # noqa: F401
+        from workflows.engine.schedule_definitions import schedules_sync_after_migrate
         from workflows.observability import metrics
         from workflows.registry import autodiscover
 
         autodiscover()
         metrics.install()
+        # Schedules declared in code are written when the database is migrated
+        # (every deploy), like Django's permissions; see schedule_definitions.
+        post_migrate.connect(schedules_sync_after_migrate, sender=self,
+                             dispatch_uid="pilot_schedules_sync")

@@ -115,3 +115,15 @@ def task_counts_by_state() -> dict[str, int]:
         counts = {state: 0 for state in TaskState.values}
         counts.update(dict(rows))
     return counts
+
+
+def schedules_all():
+    """Every schedule with its owner, by name (the command's --list, the admin)."""
+    from workflows.models import PilotSchedule
+
+    return PilotSchedule.objects.select_related("owner").order_by("name")
+
+
+def schedule_find(name: str):
+    """The schedule called `name`, or None."""
+    return schedules_all().filter(name=name).first() if isinstance(name, str) else None
