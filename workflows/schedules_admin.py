@@ -124,15 +124,10 @@ class PilotScheduleAdmin(admin.ModelAdmin):
         schedule_delete(name=obj.name, origin=obj.origin)
 
     def delete_queryset(self, request, queryset):
-        kept = []
+        # Only operator schedules get here: has_delete_permission refuses the
+        # whole bulk delete when it includes one declared in code.
         for schedule in queryset:
-            if schedule.declared_in_code:
-                kept.append(schedule.name)
-                continue
             schedule_delete(name=schedule.name, origin=schedule.origin)
-        if kept:
-            self.message_user(request, "Not deleted (declared in code; pause them instead): "
-                                       + ", ".join(kept), messages.WARNING)
 
     def has_delete_permission(self, request, obj=None):
         # A code-declared schedule would come back at the next sync: pause it instead.
