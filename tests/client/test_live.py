@@ -103,6 +103,7 @@ def test_refusals_raise_the_class_of_their_code(pilot, live_pilot):
         (lambda: pilot.trigger("acme.nope", {}), pilot_client.UnknownWorkflow, 400),
         (lambda: pilot.trigger("demo.sync_orders", {"batch": "b"}), pilot_client.ValidationError,
          400),
+        (lambda: pilot.trigger("demo.echo", [1, 2]), pilot_client.ValidationError, 400),
         (lambda: pilot.trigger("demo.echo", {"x": "y" * 300_000}), pilot_client.PayloadTooLarge,
          413),
         (lambda: pilot.trigger("demo.echo", {}, key="k" * 256),

@@ -85,7 +85,7 @@ class PilotClient:
 
     # --- triggers --------------------------------------------------------------------------
 
-    def trigger(self, workflow: str, payload: Mapping[str, Any] | None = None,
+    def trigger(self, workflow: str, payload: Any = None,
                 key: str | None = None, *, derive_key: bool = False) -> TriggerResult:
         """Start `workflow` with `payload` once for `key` (`POST /api/v1/tasks`).
 
@@ -102,7 +102,8 @@ class PilotClient:
             headers["Idempotency-Key"] = key
         elif key is not None:
             raise ValueError("pass either key or derive_key=True, not both")
-        body = {"workflow": workflow, "payload": dict(payload or {})}
+        # Sent as given: the server validates it (ValidationError), not this client.
+        body = {"workflow": workflow, "payload": {} if payload is None else payload}
         response, attempts = self._request("POST", f"{API}/tasks", json=body, headers=headers,
                                            safe_to_resend=True, key=key)
         task = Task.from_json(response.json())
@@ -123,7 +124,7 @@ class PilotClient:
             key = item.get("key", item.get("idempotency_key"))
             prepared.append({"idempotency_key": _check_key(new_key() if key is None else key),
                              "workflow": item["workflow"],
-                             "payload": dict(item.get("payload") or {})})
+                             "payload": item.get("payload", {})})
         results: list[BatchItemResult] = []
         for start in range(0, len(prepared), MAX_BATCH):
             chunk = prepared[start:start + MAX_BATCH]
