@@ -285,3 +285,17 @@ def test_eight_schedulers_at_once_make_one_task_per_slot(make):
     assert sum(r.created for r in results) == 15
     assert sum(r.schedules for r in results) == 3  # each schedule handled by one of them
     assert len(keys()) == len(set(keys())) == 15
+
+
+@pytest.mark.postgres
+def test_a_failure_after_triggering_rolls_the_slot_back_and_pauses_only_that_schedule(make):
+    make("overflowing")
+    make("healthy")
+    # A write PostgreSQL refuses after the trigger ran (integer out of range): the
+    # schedule's transaction — its new task included — rolls back as a whole.
+    PilotSchedule.objects.filter(name="overflowing").update(fired_count=2**31 - 1)
+    report = schedules_fire_due(now=at(10.5))
+    assert (report.schedules, report.created, report.errors) == (1, 1, 1)
+    assert keys() == ["schedule:healthy:2026-03-01T10:00:10Z"]
+    broken = PilotSchedule.objects.get(name="overflowing")
+    assert broken.next_slot_at is None and "DataError" in broken.last_error

@@ -129,8 +129,9 @@ def schedules_fire_due(*, now: datetime | None = None, batch: int = BATCH,
     PILOT_SCHEDULE_GRACE_SECONDS. Each schedule is one transaction holding its
     row lock (SKIP LOCKED) and the task rows its trigger locks, never anything
     across schedules. Calling it again at once does nothing more: the slots it
-    handled are behind every schedule's `next_slot_at`. Raises only
-    OperationalError/InterfaceError (the database is unreachable)."""
+    handled are behind every schedule's `next_slot_at`. Raises only what the
+    scan itself meets (the database unreachable: OperationalError); a failure
+    inside one schedule's transaction pauses that schedule and the pass goes on."""
     now = now or database_now()
     grace = settings.PILOT_SCHEDULE_GRACE_SECONDS if grace is None else grace
     report = ScheduleFireReport(now=now)
@@ -139,7 +140,7 @@ def schedules_fire_due(*, now: datetime | None = None, batch: int = BATCH,
         if len(tried) >= batch:
             report.full = True
             break
-        current = None
+        current, before = None, dataclasses.replace(report)
         try:
             with transaction.atomic():
                 schedule = _lock_next_due(now, tried)
@@ -153,6 +154,7 @@ def schedules_fire_due(*, now: datetime | None = None, batch: int = BATCH,
         except Exception as exc:  # one broken schedule must not stop the others
             if current is None:
                 raise
+            report = before  # what that schedule's rolled-back transaction counted is void
             _pause_after_error(current, now, exc, report)
     report.next_due = (PilotSchedule.objects.filter(enabled=True, next_slot_at__isnull=False)
                        .aggregate(m=Min("next_slot_at"))["m"])
