@@ -11,7 +11,8 @@ $(VENV)/.installed: requirements.txt
 	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements.txt
 	touch $@
 
-$(VENV)/.installed-dev: requirements.txt requirements-dev.txt $(VENV)/.installed
+# requirements-dev.txt installs the Python client (clients/python) editable, for tests/client.
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt clients/python/pyproject.toml $(VENV)/.installed
 	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements-dev.txt
 	touch $@
 

@@ -278,6 +278,11 @@ PILOT_Q_WORKERS = env_int("PILOT_Q_WORKERS", 2, minimum=1)
 # The demo.* workflows (docs/design.md, "Demo workflows"): for trying PILOT out and
 # for its tests; `make run` and the test settings turn them on. Off in production.
 PILOT_DEMO_WORKFLOWS = env_bool("PILOT_DEMO_WORKFLOWS", False)
+# Schedules (docs/schedules.md): how often run_scheduler looks for new or changed
+# schedules when none is due sooner, and how late a slot may fire and still count
+# as on time (older slots are "missed" and follow the schedule's policy).
+PILOT_SCHEDULER_POLL_SECONDS = env_float("PILOT_SCHEDULER_POLL_SECONDS", 1.0, minimum=0.05)
+PILOT_SCHEDULE_GRACE_SECONDS = env_float("PILOT_SCHEDULE_GRACE_SECONDS", 60.0, minimum=0)
 PILOT_MAX_PAYLOAD_BYTES = env_int("PILOT_MAX_PAYLOAD_BYTES", 262144, minimum=2)
 PILOT_TRIGGER_RATE = env_str("PILOT_TRIGGER_RATE", "6000/min")
 # POST /tasks/{id}/cancel and /retry, per client, together (a retry re-runs a workflow).

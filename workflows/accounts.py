@@ -106,3 +106,25 @@ def cli_owner_get(username: str | None = None):
         return User.objects.get(username=username)
     except User.DoesNotExist:
         raise LookupError(f"no user named {username!r}") from None
+
+
+SCHEDULER_OWNER = "scheduler"
+
+
+def scheduler_owner_get(username: str | None = None):
+    """The default owner of schedules: the `scheduler` user (created on first
+    use, without a password or permissions: it only owns the runs schedules
+    start), so schedule keys have a namespace of their own. With `username`,
+    that existing user (e.g. an upstream client that should see the runs in its
+    own task list); raises LookupError if there is none."""
+    User = get_user_model()
+    if username is None or username == SCHEDULER_OWNER:
+        user, created = User.objects.get_or_create(username=SCHEDULER_OWNER)
+        if created:
+            user.set_unusable_password()
+            user.save(update_fields=["password"])
+        return user
+    try:
+        return User.objects.get(username=username)
+    except User.DoesNotExist:
+        raise LookupError(f"no user named {username!r}") from None

@@ -7,7 +7,11 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from workflows import checks, login_forms, login_guard, qadmin  # noqa: F401
+        from django.db.models.signals import post_migrate
+
+        # Imported for their side effects: checks, signals, the schedules' admin.
+        from workflows import checks, login_forms, login_guard, qadmin, schedules_admin  # noqa: F401
+        from workflows.engine.schedule_definitions import schedules_sync_after_migrate
         from workflows.observability import metrics
         from workflows.registry import autodiscover
 
@@ -16,3 +20,7 @@ class WorkflowsConfig(AppConfig):
         # After the admin's autodiscovery (django.contrib.admin is ready first):
         login_forms.install()  # the login form says why the login guard refused
         qadmin.install()  # django-q2's Schedule admin cannot run arbitrary callables
+        # Schedules declared in code are written when the database is migrated
+        # (every deploy), like Django's permissions; see schedule_definitions.
+        post_migrate.connect(schedules_sync_after_migrate, sender=self,
+                             dispatch_uid="pilot_schedules_sync")

@@ -12,6 +12,18 @@ A workflow is Python code: an ordered list of steps plus a policy.
     @sync.step(atomic=True, compensation=undo_write)
     def write(ctx): ...
 
+A workflow may also declare when it runs by itself:
+
+    report = define_workflow("acme.report", schedule="0 3 * * *")          # payload {}
+    sync = define_workflow("acme.sync", schedule=[
+        Schedule("*/15 * * * *", payload={"scope": "delta"}, name="acme.sync-delta"),
+        Schedule("0 2 * * *", payload={"scope": "full"}, name="acme.sync-full",
+                 missed="run_once"),
+    ])
+
+Declared schedules are written to the database by `migrate` (post_migrate) and
+by `schedule_workflow --sync`; see workflows.engine.schedule_definitions.
+
 Workflows live in a `pilot_workflows` module of any installed app; the app's
 `ready()` imports them all (`autodiscover`) and `validate_all` refuses a bad
 definition at start-up, naming the workflow and the problem.
@@ -20,6 +32,7 @@ definition at start-up, naming the workflow and the problem.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Callable
 from datetime import timedelta
@@ -41,6 +54,27 @@ DEFAULT_RETRY_ON: tuple[type[BaseException], ...] = (
 
 
 DEFAULT_IDEMPOTENCY_TTL = timedelta(hours=24)
+
+# What a schedule does with slots missed while no scheduler ran (PilotSchedule.missed).
+SCHEDULE_MISSED_POLICIES = ("skip", "run_once", "catch_up")
+# A schedule's name is part of every key it fires (`schedule:<name>:<slot>`): no ':'.
+SCHEDULE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """A schedule declared in code (`define_workflow(..., schedule=...)`).
+
+    `cron`: 5 fields, or 6 with seconds first (workflows.cron); `payload`: the
+    JSON object every run gets; `missed`: skip | run_once | catch_up; `name`:
+    defaults to the workflow's name; `owner`: the username the runs belong to
+    (default: the `scheduler` user)."""
+
+    cron: str
+    payload: dict = dataclasses.field(default_factory=dict)
+    missed: str = "skip"
+    name: str | None = None
+    owner: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +111,8 @@ class Workflow:
                  payload_serializer: type | None = None,
                  retry_on: tuple[type[BaseException], ...] = DEFAULT_RETRY_ON,
                  plan: Callable[[Workflow, dict], list[Step]] | None = None,
-                 description: str = ""):
+                 description: str = "",
+                 schedule: str | Schedule | list[str | Schedule] | None = None):
         self.name = name
         if isinstance(idempotency_ttl, (int, float)) and not isinstance(idempotency_ttl, bool):
             idempotency_ttl = timedelta(seconds=idempotency_ttl)
@@ -90,6 +125,7 @@ class Workflow:
         self.description = description
         self.steps: list[Step] = []
         self._validate_options()
+        self.schedules: tuple[Schedule, ...] = self._schedules_from(schedule)
 
     def __repr__(self) -> str:
         return f"<Workflow {self.name} steps={[s.name for s in self.steps]}>"
@@ -173,6 +209,45 @@ class Workflow:
             "key_fields": list(self.key_fields),
         }
 
+    def _schedules_from(self, option) -> tuple[Schedule, ...]:
+        """The `schedule` option as Schedule specs with names filled in, checked
+        without a database (the payload against the workflow happens at sync)."""
+        from workflows.cron import CronInvalid, cron_normalize
+
+        if option is None:
+            return ()
+        items = option if isinstance(option, (list, tuple)) else [option]
+        specs = []
+        for item in items:
+            spec = Schedule(item) if isinstance(item, str) else item
+            if not isinstance(spec, Schedule):
+                self._refuse("schedule must be a cron string, a Schedule or a list of them")
+            spec = dataclasses.replace(spec, name=spec.name or self.name)
+            if not isinstance(spec.name, str) or not SCHEDULE_NAME_RE.match(spec.name):
+                self._refuse(f"schedule name {spec.name!r} must be 1-100 letters, digits, "
+                             "'.', '_' or '-'")
+            try:
+                spec = dataclasses.replace(spec, cron=cron_normalize(spec.cron,
+                                                                     hash_id=spec.name))
+            except CronInvalid as exc:
+                self._refuse(f"schedule {spec.name!r}: {exc}")
+            if spec.missed not in SCHEDULE_MISSED_POLICIES:
+                self._refuse(f"schedule {spec.name!r}: missed must be one of "
+                             f"{', '.join(SCHEDULE_MISSED_POLICIES)}")
+            if not isinstance(spec.payload, dict):
+                self._refuse(f"schedule {spec.name!r}: payload must be a dict")
+            try:
+                json.dumps(spec.payload, allow_nan=False)
+            except (TypeError, ValueError):
+                self._refuse(f"schedule {spec.name!r}: payload must be plain JSON")
+            if spec.owner is not None and (not isinstance(spec.owner, str) or not spec.owner):
+                self._refuse(f"schedule {spec.name!r}: owner must be a username")
+            specs.append(spec)
+        names = [spec.name for spec in specs]
+        if len(set(names)) != len(names):
+            self._refuse("two schedules have the same name; name each one (Schedule(name=...))")
+        return tuple(specs)
+
     def _refuse(self, problem: str):
         raise ImproperlyConfigured(f"workflow {self.name!r}: {problem}")
 
@@ -254,10 +329,22 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._workflows)
 
+    def schedules(self) -> list[tuple[Workflow, Schedule]]:
+        """Every schedule declared in code, with its workflow, by schedule name."""
+        return sorted(((w, s) for w in self._workflows.values() for s in w.schedules),
+                      key=lambda pair: pair[1].name)
+
     def validate_all(self) -> None:
         for workflow in self._workflows.values():
             if not workflow.steps:
                 raise ImproperlyConfigured(f"workflow {workflow.name!r} has no steps")
+        seen: dict[str, str] = {}
+        for workflow, spec in self.schedules():
+            if spec.name in seen:
+                raise ImproperlyConfigured(
+                    f"schedule {spec.name!r} is declared by both {seen[spec.name]!r} and "
+                    f"{workflow.name!r}")
+            seen[spec.name] = workflow.name
 
 
 registry = Registry()

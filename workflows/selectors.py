@@ -146,3 +146,15 @@ def tasks_in_flight(*, worker_ids):
         task=OuterRef("pk"), state=StepState.RUNNING).order_by("-index").values("name")[:1]
     return (Task.objects.filter(state__in=LEASED_STATES, lease_owner__in=list(worker_ids))
             .annotate(current_step=Subquery(running_step)).order_by("started_at"))
+
+
+def schedules_all():
+    """Every schedule with its owner, by name (the command's --list, the admin)."""
+    from workflows.models import PilotSchedule
+
+    return PilotSchedule.objects.select_related("owner").order_by("name")
+
+
+def schedule_find(name: str):
+    """The schedule called `name`, or None."""
+    return schedules_all().filter(name=name).first() if isinstance(name, str) else None

@@ -66,3 +66,4 @@ class Source(models.TextChoices):
     BATCH = "batch", "Batch API"
     ADMIN = "admin", "Admin"
     CLI = "cli", "CLI"
+    SCHEDULE = "schedule", "Schedule"

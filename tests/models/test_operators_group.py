@@ -4,11 +4,12 @@ from django.contrib.auth.models import Group
 pytestmark = pytest.mark.django_db
 
 
-def test_the_operators_group_can_view_cancel_retry_and_trigger(django_user_model):
+def test_the_operators_group_can_view_cancel_retry_trigger_and_manage_schedules(django_user_model):
     group = Group.objects.get(name="operators")
     assert set(group.permissions.values_list("codename", flat=True)) == {
         "view_task", "view_all_tasks", "cancel_task", "retry_task", "view_stepcheckpoint",
-        "view_tasktransition", "add_task"}
+        "view_tasktransition", "add_task", "view_pilotschedule", "add_pilotschedule",
+        "change_pilotschedule", "delete_pilotschedule"}
     user = django_user_model.objects.create_user("op")
     user.groups.add(group)
     user = django_user_model.objects.get(pk=user.pk)

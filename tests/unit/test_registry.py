@@ -128,3 +128,68 @@ def test_payload_serializer_must_be_a_drf_serializer():
         n = serializers.IntegerField()
 
     assert Workflow("acme.sync", payload_serializer=Payload).payload_serializer is Payload
+
+
+# --- schedules declared in code ------------------------------------------------------------
+
+def test_a_cron_string_declares_one_schedule_named_after_the_workflow():
+    from workflows.registry import Schedule
+
+    workflow = Workflow("acme.report", schedule=" 0 3  * * * ")
+    assert workflow.schedules == (Schedule("0 3 * * *", payload={}, missed="skip",
+                                           name="acme.report"),)
+    assert Workflow("acme.quiet").schedules == ()
+
+
+def test_several_schedules_each_need_their_own_name():
+    from workflows.registry import Schedule
+
+    workflow = Workflow("acme.sync", schedule=[
+        Schedule("*/15 * * * *", payload={"scope": "delta"}, name="acme.sync-delta"),
+        Schedule("0 2 * * *", payload={"scope": "full"}, name="acme.sync-full",
+                 missed="run_once", owner="acme")])
+    assert [(s.name, s.missed, s.owner) for s in workflow.schedules] == [
+        ("acme.sync-delta", "skip", None), ("acme.sync-full", "run_once", "acme")]
+    with pytest.raises(ImproperlyConfigured, match="same name"):
+        Workflow("acme.sync", schedule=["0 1 * * *", "0 2 * * *"])
+
+
+@pytest.mark.parametrize(("schedule", "problem"), [
+    ("61 * * * *", "not a valid cron expression"),
+    ("R * * * *", "random field"),
+    (42, "must be a cron string"),
+])
+def test_a_bad_schedule_is_refused_naming_the_workflow(schedule, problem):
+    with pytest.raises(ImproperlyConfigured, match=f"workflow 'acme.bad'.*{problem}"):
+        Workflow("acme.bad", schedule=schedule)
+
+
+def test_bad_schedule_options_are_refused():
+    from workflows.registry import Schedule
+
+    for spec, problem in [
+        (Schedule("0 3 * * *", missed="sometimes"), "missed must be one of"),
+        (Schedule("0 3 * * *", payload=[1]), "payload must be a dict"),
+        (Schedule("0 3 * * *", payload={"x": float("nan")}), "plain JSON"),
+        (Schedule("0 3 * * *", name="has:colon"), "schedule name"),
+        (Schedule("0 3 * * *", owner=""), "owner must be a username"),
+    ]:
+        with pytest.raises(ImproperlyConfigured, match=problem):
+            Workflow("acme.bad", schedule=spec)
+
+
+def test_one_schedule_name_in_two_workflows_is_refused():
+    from workflows.registry import Schedule
+
+    reg = Registry()
+    reg.define("acme.one", schedule=Schedule("0 3 * * *", name="nightly")).add_step("s", noop)
+    reg.define("acme.two", schedule=Schedule("0 4 * * *", name="nightly")).add_step("s", noop)
+    with pytest.raises(ImproperlyConfigured, match="'nightly' is declared by both"):
+        reg.validate_all()
+
+
+def test_the_missed_policies_are_the_models():
+    from workflows.models import MissedPolicy
+    from workflows.registry import SCHEDULE_MISSED_POLICIES
+
+    assert tuple(MissedPolicy.values) == SCHEDULE_MISSED_POLICIES

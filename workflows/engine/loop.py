@@ -1,14 +1,18 @@
-"""The dispatcher loop around `dispatch_once`, with a clean stop."""
+"""The dispatcher loop around `dispatch_once` (and the schedules' firing pass,
+`schedules_fire_due`: any number of dispatchers may run both), with a clean stop."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections
 
 from workflows.engine.dispatcher import dispatch_once
+from workflows.engine.scheduler_loop import scheduler_wait
+from workflows.engine.schedules import schedules_fire_due
 from workflows.observability.events import emit
 
 log = logging.getLogger("pilot.dispatcher")
@@ -25,9 +29,11 @@ def dispatcher_loop(stop: threading.Event, *, poll: float | None = None,
     passes, outage_wait = 0, poll
     emit("dispatcher_started", poll_seconds=poll)
     while not stop.is_set() and (max_passes is None or passes < max_passes):
+        started = time.monotonic()
         try:
             close_old_connections()
             report = dispatch_once()
+            fired = schedules_fire_due()
             outage_wait = poll
         except DatabaseError as exc:
             emit("dispatcher_db_unavailable", level=logging.WARNING, error=str(exc)[:200])
@@ -43,11 +49,12 @@ def dispatcher_loop(stop: threading.Event, *, poll: float | None = None,
             outage_wait = min(outage_wait * 2, 10.0)
             continue
         passes += 1
-        if report.full:
+        if report.full or fired.full:
             continue
         wait = poll
         if report.next_due is not None:
             wait = min(wait, max(0.0, (report.next_due - report.db_now).total_seconds()))
+        wait = min(wait, scheduler_wait(fired, poll=poll, elapsed=time.monotonic() - started))
         stop.wait(wait)
     emit("dispatcher_stopped", passes=passes)
     return passes

@@ -169,11 +169,12 @@ def _is_transient(exc: OperationalError) -> bool:
     return code in ("40P01", "40001")
 
 
-def _prepare(index: int, request: TriggerRequest) -> _Prepared:
-    """Validate one request without touching the database."""
-    key = normalize_key(request.key) if request.key is not None else None
-    workflow = registry.get(request.workflow)
-    payload = request.payload
+def payload_validate(payload, workflow: Workflow | None = None) -> str:
+    """The payload's canonical JSON, or the PilotError a trigger with it gets
+    before touching the database: not an object, too deep, not plain JSON, a NUL
+    or a lone surrogate, too large — and, given its `workflow`, what the
+    workflow's payload schema refuses. Callers that keep a payload to trigger
+    later (schedules) validate it here, so that it cannot fail only then."""
     if not isinstance(payload, dict):
         raise ValidationFailed("The payload must be a JSON object",
                                errors={"payload": ["Must be a JSON object."]})
@@ -199,14 +200,22 @@ def _prepare(index: int, request: TriggerRequest) -> _Prepared:
             "The payload contains a lone surrogate (\\ud800-\\udfff)",
             errors={"payload": ["Strings and keys may not contain lone surrogates."]}) from None
     limit = settings.PILOT_MAX_PAYLOAD_BYTES
-    size = len(encoded)
-    if size > limit:
-        raise PayloadTooLarge(f"The payload is {size} bytes; the limit is {limit}")
-    if workflow.payload_serializer is not None:
+    if len(encoded) > limit:
+        raise PayloadTooLarge(f"The payload is {len(encoded)} bytes; the limit is {limit}")
+    if workflow is not None and workflow.payload_serializer is not None:
         serializer = workflow.payload_serializer(data=payload)
         if not serializer.is_valid():
             raise ValidationFailed(f"The payload is not valid for {workflow.name}",
                                    errors={"payload": _plain(serializer.errors)})
+    return canonical_payload
+
+
+def _prepare(index: int, request: TriggerRequest) -> _Prepared:
+    """Validate one request without touching the database."""
+    key = normalize_key(request.key) if request.key is not None else None
+    workflow = registry.get(request.workflow)
+    payload = request.payload
+    canonical_payload = payload_validate(payload, workflow)
     if key is None:
         if not workflow.key_fields:
             raise IdempotencyKeyMissing(

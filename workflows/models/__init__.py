@@ -1,7 +1,9 @@
 from workflows.models.demo import DemoLedger, DemoOrder
 from workflows.models.replay import TaskReplay
+from workflows.models.schedule import MissedPolicy, PilotSchedule, ScheduleOrigin
 from workflows.models.step import StepCheckpoint
 from workflows.models.task import Task
 from workflows.models.transition import TaskTransition
 
-__all__ = ["DemoLedger", "DemoOrder", "StepCheckpoint", "Task", "TaskReplay", "TaskTransition"]
+__all__ = ["DemoLedger", "DemoOrder", "MissedPolicy", "PilotSchedule", "ScheduleOrigin",
+           "StepCheckpoint", "Task", "TaskReplay", "TaskTransition"]

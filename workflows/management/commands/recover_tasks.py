@@ -3,12 +3,13 @@ import json
 from django.core.management.base import BaseCommand
 
 from workflows.engine.dispatcher import dispatch_once
+from workflows.engine.schedules import schedules_fire_due
 
 
 class Command(BaseCommand):
     help = ("One dispatcher pass (for cron setups and emergencies): recover expired leases, "
-            "enqueue due retries, settle orphaned cancels, re-enqueue lost messages. Prints "
-            "what it did as JSON.")
+            "enqueue due retries and orphaned compensations, re-enqueue lost messages, fire "
+            "due schedules. Prints what it did as JSON.")
 
     def handle(self, *args, **options):
         total = {}
@@ -18,4 +19,6 @@ class Command(BaseCommand):
                 total[action] = total.get(action, 0) + count
             if not report.full:
                 break
+        fired = schedules_fire_due()
+        total["schedules_created"] = fired.created
         self.stdout.write(json.dumps(total, sort_keys=True))

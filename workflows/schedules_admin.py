@@ -1,0 +1,152 @@
+"""Schedules in the operator console: list, add, change, pause/resume, delete.
+
+Like the rest of the console it never writes a model itself: the form's values
+go to workflows.engine.schedule_definitions (`schedule_save`,
+`schedule_set_enabled`, `schedule_delete`), which validate, lock and write.
+A schedule declared in code shows read-only, except its `enabled` switch.
+Registered on the admin site by WorkflowsConfig.ready().
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.urls import reverse
+from django.utils.html import format_html
+
+from workflows.accounts import SCHEDULER_OWNER, scheduler_owner_get
+from workflows.engine.schedule_definitions import (
+    schedule_delete,
+    schedule_save,
+    schedule_set_enabled,
+    schedule_validate,
+)
+from workflows.errors import ValidationFailed
+from workflows.models import PilotSchedule, ScheduleOrigin
+from workflows.registry import registry
+
+_FIELDS = ("name", "workflow", "cron", "payload", "missed", "owner", "enabled")
+_STATUS = ("origin", "next_slot_at", "last_fired_slot", "last_fired_at", "last_task",
+           "fired_count", "last_error", "last_error_at", "created_at", "updated_at")
+
+
+class ScheduleForm(forms.ModelForm):
+    workflow = forms.ChoiceField(choices=())
+    payload = forms.JSONField(initial=dict, required=False,
+                              widget=forms.Textarea(attrs={"rows": 6, "cols": 80}),
+                              help_text="The JSON object every run gets.")
+
+    class Meta:
+        model = PilotSchedule
+        fields = list(_FIELDS)
+        help_texts = {
+            "name": "Part of every key it fires: schedule:&lt;name&gt;:&lt;slot&gt;.",
+            "cron": "5 fields (minute hour day month weekday) or 6 with seconds first, in "
+                    "UTC. 0 3 * * * = 03:00 UTC daily; */5 * * * * * = every 5 seconds.",
+            "missed": "What runs for slots that passed while no scheduler ran.",
+            "owner": f"The user the runs belong to; empty: the {SCHEDULER_OWNER} user.",
+        }
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "workflow" in self.fields:
+            current = self.instance.workflow if self.instance.pk else None
+            names = registry.names()
+            if current and current not in names:  # unregistered since: still shown
+                names = [current, *names]
+            self.fields["workflow"].choices = [(n, n) for n in names]
+        if "owner" in self.fields:
+            self.fields["owner"].required = False
+
+    def clean(self):
+        data = super().clean()
+        if self.instance.pk and self.instance.declared_in_code:
+            return data
+        if "owner" in self.fields and not data.get("owner"):
+            data["owner"] = scheduler_owner_get()
+        try:
+            data["cron"] = schedule_validate(
+                name=data.get("name", self.instance.name), workflow=data.get("workflow"),
+                cron=data.get("cron"), payload=data.get("payload") or {},
+                owner=data.get("owner"), missed=data.get("missed"))
+        except ValidationFailed as exc:
+            raise ValidationError({field: messages_ for field, messages_ in exc.errors.items()
+                                   if field in self.fields} or exc.detail) from None
+        return data
+
+
+@admin.register(PilotSchedule)
+class PilotScheduleAdmin(admin.ModelAdmin):
+    form = ScheduleForm
+    list_display = ("name", "workflow", "cron", "missed", "enabled", "origin", "next_slot_at",
+                    "last_fired_slot", "fired_count", "health")
+    list_filter = ("enabled", "missed", "origin", "workflow")
+    search_fields = ("name", "workflow")
+    raw_id_fields = ("owner",)
+    actions = ("enable_selected", "disable_selected")
+
+    def get_fields(self, request, obj=None):
+        return list(_FIELDS) + (list(_STATUS) if obj else [])
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return ()
+        if obj.declared_in_code:
+            return tuple(f for f in _FIELDS if f != "enabled") + _STATUS
+        return ("name",) + _STATUS  # a new name is a new schedule (and new keys)
+
+    @admin.display(description="last task")
+    def last_task(self, obj):
+        if not obj.last_task_id:
+            return "-"
+        url = reverse("admin:workflows_task_change", args=[obj.last_task_id])
+        return format_html('<a href="{}">{}</a>', url, obj.last_task_id)
+
+    @admin.display(description="health")
+    def health(self, obj):
+        if obj.last_error:
+            return format_html('<span title="{}">error</span>', obj.last_error)
+        return "ok" if obj.enabled else "paused"
+
+    def save_model(self, request, obj, form, change):
+        data = form.cleaned_data
+        if change and obj.declared_in_code:
+            saved = schedule_set_enabled(name=obj.name, enabled=data["enabled"])
+        else:
+            saved, _ = schedule_save(name=data.get("name", obj.name), workflow=data["workflow"],
+                                     cron=data["cron"], payload=data.get("payload") or {},
+                                     owner=data["owner"], missed=data["missed"],
+                                     enabled=data["enabled"], origin=ScheduleOrigin.OPERATOR)
+        obj.pk = saved.pk  # the admin's redirect and LogEntry need it
+
+    def delete_model(self, request, obj):
+        schedule_delete(name=obj.name, origin=obj.origin)
+
+    def delete_queryset(self, request, queryset):
+        # Only operator schedules get here: has_delete_permission refuses the
+        # whole bulk delete when it includes one declared in code.
+        for schedule in queryset:
+            schedule_delete(name=schedule.name, origin=schedule.origin)
+
+    def has_delete_permission(self, request, obj=None):
+        # A code-declared schedule would come back at the next sync: pause it instead.
+        if obj is not None and obj.declared_in_code:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    @admin.action(description="Resume selected schedules (from the next slot)",
+                  permissions=["change"])
+    def enable_selected(self, request, queryset):
+        self._set_enabled(request, queryset, True)
+
+    @admin.action(description="Pause selected schedules", permissions=["change"])
+    def disable_selected(self, request, queryset):
+        self._set_enabled(request, queryset, False)
+
+    def _set_enabled(self, request, queryset, enabled: bool):
+        names = list(queryset.values_list("name", flat=True))
+        for name in names:
+            schedule_set_enabled(name=name, enabled=enabled)
+        self.message_user(request, f"{'Resumed' if enabled else 'Paused'} {len(names)} "
+                                   f"schedule(s): {', '.join(names)}", messages.SUCCESS)
