@@ -83,9 +83,9 @@ def test_the_task_page_is_read_only_and_pretty_prints_json(operator_client, owne
     history = html.lower().split("history (transitions)")[1]
     for expected in ("claim", "fail", "pilot-state-running", "pilot-state-failed", ">test<"):
         assert expected in history, expected
-    # Times to the millisecond, in UTC: events a few ms apart stay in order.
+    # ISO 8601 times to the millisecond, in UTC: events a few ms apart stay in order.
     when = task.transitions.order_by("at").first().at
-    assert when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] in history
+    assert when.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3].lower() + "z" in history
 
 
 def test_nobody_can_save_the_change_form_not_even_a_superuser(django_user_model, owner):

@@ -84,6 +84,7 @@ class AppliedChange:
     before: str
     after: str
     detail: str
+    task: Task | None = None  # as the engine left it (ok only)
 
 
 def _succeeded_steps(tasks: list[Task]) -> dict:
@@ -160,5 +161,5 @@ def actions_apply(action: OperatorAction, tasks: list[Task], *, user,
                                          f"{exc.code}: {exc.detail}"))
             continue
         results.append(AppliedChange(task.pk, str(task), True, task.state, changed.state,
-                                     f"{task.state} → {changed.state}"))
+                                     f"{task.state} → {changed.state}", changed))
     return results

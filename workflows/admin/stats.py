@@ -70,14 +70,14 @@ def tasks_past_lease(now: datetime, *, limit: int = 20) -> list[Task]:
     stuck; the dispatcher should recover them within a poll), longest overdue
     first. Index: task_lease_expiry_idx."""
     return list(Task.objects.expired_leases(now).select_related("owner")
-                .order_by("lease_expires_at")[:limit])
+                .defer("payload", "result", "error").order_by("lease_expires_at")[:limit])
 
 
 def tasks_oldest_pending(*, limit: int = 10) -> list[Task]:
     """Pending tasks, oldest first: a long wait here means no worker is taking
     work. Index: task_state_created_idx."""
     return list(Task.objects.filter(state=TaskState.PENDING).select_related("owner")
-                .order_by("created_at")[:limit])
+                .defer("payload", "result", "error").order_by("created_at")[:limit])
 
 
 def workflows_top_failing(now: datetime, *, since: timedelta = timedelta(hours=24),
