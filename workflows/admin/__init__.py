@@ -21,5 +21,11 @@ admin.site.site_header = "PILOT operator console"
 admin.site.site_title = "PILOT"
 admin.site.index_title = "Operator console"
 admin.site.index_template = "pilot/admin/index.html"
+# The console's favicon and script on the login and app pages too.
+admin.site.login_template = "pilot/admin/login.html"
+admin.site.app_index_template = "pilot/admin/app_index.html"
+# The task list needs the width (every column visible at 1440 px); the console's
+# pages link each other, and Home lists every model.
+admin.site.enable_nav_sidebar = False
 # "View site" opens the console's task list: PILOT has no other site to view.
 admin.site.site_url = "/admin/workflows/task/"

@@ -14,7 +14,7 @@ filters through the same check.
 from __future__ import annotations
 
 import re
-from datetime import UTC, timedelta
+from datetime import UTC, date, timedelta
 
 from django.http import QueryDict
 from django.utils.dateparse import parse_date, parse_datetime
@@ -82,7 +82,8 @@ CHECKS = {
     "owner": _int_in(1, 2**63 - 1),
     "created_at__gte": _moment,
     "created_at__lt": _moment,
-    "created_at__year": _int_in(1, 9999),
+    # 9998: Django's date hierarchy adds a year (or 32 days) to find the range's end.
+    "created_at__year": _int_in(1, 9998),
     "created_at__month": _int_in(1, 12),
     "created_at__day": _int_in(1, 31),
     **{flag: _anything for flag in FLAGS},
@@ -116,7 +117,25 @@ def list_params_check(params: QueryDict) -> tuple[QueryDict, dict[str, str]]:
             problems[shown] = problem
         else:
             kept.setlist(name, values)
+    _check_day(kept, problems)
     return kept, problems
+
+
+def _check_day(kept: QueryDict, problems: dict) -> None:
+    """The date hierarchy's year, month and day must make a real date (no
+    February 30th), and a month or day needs its year."""
+    parts = [kept.get(f"created_at__{p}") for p in ("year", "month", "day")]
+    if not any(parts):
+        return
+    year, month, day = parts
+    try:
+        if year is None:
+            raise ValueError("needs created_at__year")
+        date(int(year), int(month or 1), int(day or 1))
+    except ValueError:
+        for part in ("year", "month", "day"):
+            if kept.pop(f"created_at__{part}", None) is not None:
+                problems[f"created_at__{part}"] = "is not part of a real date"
 
 
 def problems_text(problems: dict[str, str]) -> str:

@@ -60,7 +60,9 @@ def _list(model_admin, request, now):
     request.GET = kept
     try:
         cl = model_admin.get_changelist_instance(request)
-        html = render_to_string("pilot/admin/task_list_live.html", {"cl": cl}, request)
+        cl.formset = None  # changelist_view sets it; the list has no editable columns
+        html = render_to_string("pilot/admin/task_list_live.html",
+                                {"cl": cl, "opts": cl.opts}, request)
     except IncorrectLookupParameters as exc:
         return _error(400, f"Bad filter: {exc}")
     finally:

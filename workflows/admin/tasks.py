@@ -141,7 +141,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.display(description="workflow", ordering="workflow")
     def workflow_link(self, obj):
-        return format_html('<a href="?{}" title="this workflow\'s tasks">{}</a>',
+        return format_html('<a href="?{}" title="tasks of this workflow">{}</a>',
                            urlencode({"workflow": obj.workflow}), obj.workflow)
 
     @admin.display(description="key", ordering="idempotency_key")

@@ -60,6 +60,12 @@ def badge(state):
 
 
 @register.filter
+def step_badge(step_view):
+    """A StepView's state as a pill (its display state: cancelled, not started, …)."""
+    return text.state_badge(step_view.state, step=True, label=step_view.label)
+
+
+@register.filter
 def pretty(value):
     return text.pretty_json(value)
 
