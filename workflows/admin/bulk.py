@@ -124,7 +124,7 @@ def bulk_summary(action: OperatorAction, queryset) -> list[SummaryRow]:
     """Per state: how many tasks, and what the action would do to them (one GROUP BY)."""
     name = transition_of(action)
     rows = []
-    counts = dict(queryset.order_by().values_list("state").annotate(n=Count("pk")))
+    counts = dict(queryset.order_by().values_list("state").annotate(n=Count("*")))
     for state in TaskState.values:
         n = counts.get(state, 0)
         if not n:
@@ -201,14 +201,17 @@ def job_chunk(model_admin, request, job: Job, cursor: str) -> ChunkResult:
 
 def job_now(model_admin, request, job: Job) -> list[dict]:
     """The job's tasks as they are now: per state, a count and the list's URL
-    filtered to them."""
-    counts = dict(job_scope(model_admin, request, job).order_by().values_list("state")
-                  .annotate(n=Count("pk")))
+    filtered to them. The job's own state filter (usually the very state it
+    moved them out of) is left out; its other filters and cut-off stay."""
+    scope = job.filters.copy()
+    scope.pop("state__exact", None)
+    counts = dict(filtered_tasks(model_admin, request, scope).filter(created_at__lte=job.cutoff)
+                  .order_by().values_list("state").annotate(n=Count("*")))
     base = reverse("admin:workflows_task_changelist")
     rows = []
     for state in TaskState.values:
         if counts.get(state):
-            params = job.filters.copy()
+            params = scope.copy()
             params["state__exact"] = state
             rows.append({"state": state, "count": counts[state],
                          "url": f"{base}?{params.urlencode()}"})

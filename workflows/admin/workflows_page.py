@@ -27,11 +27,11 @@ def workflow_counts(user, now) -> tuple[dict, dict]:
     Two GROUP BY queries."""
     visible = tasks_visible_to(user).order_by()
     counts: dict = defaultdict(dict)
-    for workflow, state, n in visible.values_list("workflow", "state").annotate(n=Count("pk")):
+    for workflow, state, n in visible.values_list("workflow", "state").annotate(n=Count("*")):
         counts[workflow][state] = n
     recent: dict = defaultdict(lambda: [0, 0])
     rows = (visible.filter(finished_at__gte=now - RATE_WINDOW)
-            .values_list("workflow", "state").annotate(n=Count("pk")))
+            .values_list("workflow", "state").annotate(n=Count("*")))
     for workflow, state, n in rows:
         recent[workflow][1] += n
         if state == TaskState.FAILED:
