@@ -78,7 +78,7 @@ def test_the_task_page_is_read_only_and_pretty_prints_json(operator_client, owne
     for field in ("state", "payload", "result", "idempotency_key", "workflow"):
         assert f'name="{field}"' not in html
     assert 'name="_save"' not in html
-    # Steps and history inlines: who, when, from → to, why.
+    # Steps and history: who, when, from → to, why.
     assert "history (transitions)" in html.lower() and "steps (checkpoints)" in html.lower()
     history = html.lower().split("history (transitions)")[1]
     for expected in ("claim", "fail", "pilot-state-running", "pilot-state-failed", ">test<"):

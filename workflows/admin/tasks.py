@@ -232,6 +232,7 @@ class TaskAdmin(admin.ModelAdmin):
             "live_url": reverse("admin:workflows_task_live") + "?"
             + urlencode({"view": "list", "params": query}),
             "live_default": live_default,
+            "live_key": f"list-{request.GET.get('state__exact', 'all')}",
             "now": timezone.now(),
         })
 
@@ -245,6 +246,8 @@ class TaskAdmin(admin.ModelAdmin):
             context["title"] = f"Task {task.pk}"
             context["live_url"] = reverse("admin:workflows_task_live") + "?" + urlencode(
                 {"view": "task", "id": str(task.pk)})
+            # A finished task changes only when someone acts on it (and the page then reloads).
+            context["live_default"] = "off" if task.is_finished else "on"
         return super().change_view(request, object_id, form_url, extra_context=context)
 
     def history_view(self, request, object_id, extra_context=None):

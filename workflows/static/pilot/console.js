@@ -43,7 +43,7 @@
     if (!box) return;
     var toggle = document.getElementById("pilot-live-toggle");
     var status = document.getElementById("pilot-live-status");
-    var key = "pilot-live:" + location.pathname;
+    var key = "pilot-live:" + box.getAttribute("data-live-key");
     var timer = null;
     var saved = stored(key);
     toggle.checked = saved ? saved === "on" : box.getAttribute("data-live-default") === "on";
@@ -89,6 +89,10 @@
         status.textContent = "updated " + new Date(Date.now() + skew).toISOString().slice(11, 19)
           + " UTC";
         tick();
+        if (data.finished) {
+          status.textContent += "; finished, so no more updates";
+          return;
+        }
         schedule();
       }).catch(function (error) {
         status.textContent = "not updated (" + error.message + "); trying again";
