@@ -316,6 +316,30 @@ def test_a_filter_wide_cancel_of_1500_pending_tasks(live_server, signed_in, oper
     assert page.failures == []
 
 
+def test_the_running_filter_follows_live_and_its_rows_stay_selectable(
+        live_server, signed_in, operator_user):
+    from tests.factories import make_task
+
+    page = signed_in
+    first = make_task(operator_user, state=S.RUNNING, key="live-row-1")
+    page.goto(f"{live_server.url}/admin/workflows/task/?state__exact=running")
+    assert page.locator("#pilot-live-toggle").is_checked()  # live by default here
+    page.evaluate("window.pilotMarker = 'same page'")
+    second = make_task(operator_user, state=S.RUNNING, key="live-row-2")
+    page.wait_for_selector("#result_list >> text=live-row-2", timeout=10_000)
+    assert page.evaluate("window.pilotMarker") == "same page"  # rows swapped, no reload
+    # Django's "select all" and counter work on the new rows.
+    page.click("#action-toggle")
+    assert page.locator("tr input.action-select:checked").count() == 2
+    assert "2 of 2 selected" in page.locator(".action-counter").inner_text()
+    page.select_option("select[name=action]", "cancel_selected")
+    page.click("button[name=index]")
+    page.wait_for_selector("#pilot-plan")
+    assert {str(first.pk), str(second.pk)} == set(
+        page.locator("#pilot-plan tbody tr").evaluate_all("rows => rows.map(r => r.dataset.task)"))
+    assert page.failures == []
+
+
 def test_pages_keep_to_the_screen_follow_dark_mode_and_load_without_a_404(
         live_server, signed_in, operator_user, temp_workflow):
     page = signed_in

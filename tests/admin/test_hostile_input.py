@@ -11,7 +11,8 @@ The test client raises any exception a view lets escape, so "no 500" is
 from __future__ import annotations
 
 import json
-from urllib.parse import quote, urlencode
+import uuid
+from urllib.parse import quote, unquote, urlencode
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -35,7 +36,11 @@ TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
 NASTY = st.sampled_from(["\x00", "%00", "\x00abc", "-1", "0", "1e999", "99999999999999999999",
                          "9999", "10000", "2026-02-30", "0007-02-11T15:36:03-19:35",
                          "0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-05:00", "true",
-                         "running", "RUNNING", "’", "\u202e", " ", "a" * 300, "[]", "{}"])
+                         "running", "RUNNING", "’", "\u202e", " ", "a" * 300, "[]", "{}",
+                         # the shape of a bulk job's cursor, with impossible times
+                         "0007-02-11T15:36:03-19:35|00000000-0000-0000-0000-000000000000",
+                         "0001-01-01T00:00:00+05:00|00000000-0000-0000-0000-000000000000",
+                         "2026-02-30T00:00:00+00:00|00000000-0000-0000-0000-000000000000"])
 VALUE = st.one_of(NASTY, TEXT)
 NAME = st.one_of(st.sampled_from(sorted(NAMES) + ["idempotency_key", "payload__has_key",
                                                   "owner__username", "state__isnull",
@@ -183,3 +188,25 @@ def test_any_reason_is_recorded_or_refused_as_a_form_error(operator_client, owne
     else:
         assert task.state == S.CANCELLED
         assert task.transitions.get(transition="cancel").reason == reason.strip()
+
+
+@FUZZ
+@given(fields=st.dictionaries(st.sampled_from(["cursor", "handled", "changed", "refused"]),
+                              VALUE, max_size=4))
+def test_any_progress_fields_of_a_filter_wide_job_answer_without_a_500(
+        operator_client, owner, fields):
+    """The progress page's hidden fields come back from the browser: a forged
+    cursor or counter is ignored, never a 500 (and never a skipped task: the
+    engine decides each one)."""
+    key = f"job-{uuid.uuid4().hex}"
+    make_task(owner, key=key)
+    start = operator_client.post(f"/admin/workflows/task/bulk/cancel/?q={key}",
+                                 {"reason": "fuzz"})
+    assert start.status_code == 302
+    token = unquote(start["Location"].split("job=")[1])
+    response = operator_client.post("/admin/workflows/task/bulk/cancel/run/",
+                                    {"job": token, **fields}, HTTP_ACCEPT="application/json")
+    assert response.status_code == 200
+    assert response.json()["done"] in (True, False)
+    done = operator_client.get("/admin/workflows/task/bulk/cancel/done/", {"job": token, **fields})
+    assert done.status_code == 200

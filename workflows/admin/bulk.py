@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.core import signing
@@ -36,7 +36,7 @@ from django.utils.dateparse import parse_datetime
 
 from workflows.admin.actions import ACTIONS, OperatorAction, actions_apply, actions_plan
 from workflows.admin.audit import action_message, console_action_log
-from workflows.admin.list_params import list_params_check, problems_text
+from workflows.admin.list_params import MAX_OFFSET, list_params_check, problems_text
 from workflows.states import TaskState
 
 CHUNK = 200
@@ -162,13 +162,19 @@ def job_scope(model_admin, request, job: Job):
 
 
 def _parse_cursor(cursor: str):
-    if not cursor:
-        return None
-    at, _, pk = cursor.partition("|")
-    moment = parse_datetime(at)
+    """(created_at, id) of the last task handled, or None to start from the
+    newest. The cursor comes back from the browser, so anything that is not a
+    cursor this module wrote counts as none (the chunk then starts again from
+    the newest task still to change, which is harmless: the engine refuses
+    what no longer applies)."""
+    at, _, pk = (cursor or "").partition("|")
     try:
-        return (moment, uuid.UUID(pk)) if moment else None
-    except ValueError:
+        moment = parse_datetime(at)
+        if moment is None or moment.utcoffset() is None or \
+                abs(moment.utcoffset()) > MAX_OFFSET:
+            return None
+        return moment.astimezone(UTC), uuid.UUID(pk)
+    except (ValueError, OverflowError):
         return None
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
-from django.http import Http404, HttpResponseRedirect, JsonResponse
+from django.http import Http404, HttpResponseRedirect, JsonResponse, QueryDict
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
@@ -38,7 +38,8 @@ def _list_url(filters) -> str:
 
 def _count(value) -> int:
     """A counter the progress page carries between chunks (display only)."""
-    return int(value) if isinstance(value, str) and value.isdigit() and len(value) < 10 else 0
+    ok = isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 10
+    return int(value) if ok else 0
 
 
 def bulk_confirm_view(model_admin, request, action_name: str):
@@ -53,7 +54,7 @@ def bulk_confirm_view(model_admin, request, action_name: str):
     except BadFilter as exc:
         return TemplateResponse(request, "pilot/admin/bulk_confirm.html", _context(
             model_admin, request, title=f"{action.label} everything matching: bad filter",
-            action=action, filter_error=str(exc), back_url=_list_url(filters.__class__())),
+            action=action, filter_error=str(exc), back_url=_list_url(QueryDict())),
             status=400)
     summary = bulk_summary(action, queryset)
     would_change = sum(row.count for row in summary if row.changes)

@@ -55,15 +55,35 @@
       if (toggle.checked) timer = setTimeout(refresh, INTERVAL_MS);
     }
 
+    var rowsUnbound = false;
+
     function swap(fragments) {
       Object.keys(fragments).forEach(function (id) {
         var el = document.getElementById(id);
         if (el) el.outerHTML = fragments[id];
       });
-      // The list's rows are new: let Django's action checkboxes know them.
-      var boxes = document.querySelectorAll("tr input.action-select");
-      if (fragments["pilot-results"] && boxes.length && window.Actions) window.Actions(boxes);
+      if (fragments["pilot-results"]) rowsUnbound = true;
     }
+
+    /* New list rows are unknown to Django's action script (select all, the
+       counter). Introduce them once, when the operator reaches for the list
+       (before the click or key lands), not at every refresh. */
+    function bindRows() {
+      var boxes = document.querySelectorAll("tr input.action-select");
+      if (rowsUnbound && boxes.length && window.Actions) {
+        document.querySelectorAll(".action-counter").forEach(function (counter) {
+          counter.setAttribute("data-actions-icnt", boxes.length);
+        });
+        window.Actions(boxes);
+      }
+      rowsUnbound = false;
+    }
+    document.addEventListener("pointerdown", function (event) {
+      if (event.target.closest && event.target.closest("#pilot-results")) bindRows();
+    }, true);
+    document.addEventListener("focusin", function (event) {
+      if (event.target.closest && event.target.closest("#pilot-results")) bindRows();
+    }, true);
 
     function refresh() {
       if (document.hidden) return schedule();
