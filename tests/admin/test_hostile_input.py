@@ -210,3 +210,14 @@ def test_any_progress_fields_of_a_filter_wide_job_answer_without_a_500(
     assert response.json()["done"] in (True, False)
     done = operator_client.get("/admin/workflows/task/bulk/cancel/done/", {"job": token, **fields})
     assert done.status_code == 200
+
+
+@FUZZ
+@given(object_id=st.one_of(NASTY, TEXT.filter(lambda t: t.strip("/") == t and t)))
+def test_any_task_id_in_a_url_is_not_found_not_a_500(operator_client, object_id):
+    quoted = quote(object_id, safe="")
+    for suffix in ("change/", "history/", "transition/cancel/"):
+        response = operator_client.get(f"{LIST_URL}{quoted}/{suffix}")
+        assert response.status_code in (302, 404), (suffix, response.status_code)
+    live = operator_client.get("/admin/workflows/task/live/", {"view": "task", "id": object_id})
+    assert live.status_code == 404
