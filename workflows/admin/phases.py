@@ -18,6 +18,7 @@ import dataclasses
 import re
 from datetime import datetime, timedelta
 
+from workflows.admin.text import seconds_text
 from workflows.states import TaskState
 
 # The runner's audit reason for schedule_retry: "<ErrorType>; retry in 0.089s".
@@ -106,8 +107,6 @@ def waits_before(phases: list[Phase]) -> dict[datetime, str]:
 
 
 def _describe(backoff: float, waiting: float, undivided: float) -> str:
-    from workflows.admin.text import seconds_text
-
     parts = []
     if backoff:
         parts.append(f"{seconds_text(backoff)} backoff")
