@@ -32,7 +32,9 @@ def dashboard_context(now) -> dict:
               for name, legend, colour in SERIES]
     return {
         "now": now,
-        "state_counts": [(state, n, STATE_COLORS[state]) for state, n in counts.items()],
+        # .get: a state added to the model before it has a colour still counts.
+        "state_counts": [(state, n, STATE_COLORS.get(state, "#6b7280"))
+                         for state, n in counts.items()],
         "total_tasks": sum(counts.values()),
         "chart": activity_chart(buckets),
         "buckets": buckets,
