@@ -151,7 +151,8 @@ def now_panel(task, steps: list[StepView], plan: list | None, phases: list) -> N
 
 
 def task_page(task, *, now: datetime) -> dict:
-    """The task page's context beyond Django's own form: four queries."""
+    """The task page's live part, as a template context: three queries (history,
+    checkpoints, replays) and the plan from the registry."""
     transitions = list(TaskTransition.objects.filter(task_id=task.pk).order_by("at", "id"))
     checkpoints = list(StepCheckpoint.objects.filter(task_id=task.pk).order_by("index"))
     replays = list(TaskReplay.objects.filter(task_id=task.pk).order_by("-at")
