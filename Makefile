@@ -4,7 +4,7 @@ BENCH_VENV := bench/.venv
 PY     := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: run test test-sqlite test-main lint check audit bench bench-cleanup clean chromium
+.PHONY: run test test-sqlite test-main lint check audit bench bench-cleanup bench-admin clean chromium
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,13 @@ audit:
 ## latency (DATABASE_URL must name a PostgreSQL database containing "bench").
 bench-cleanup: $(VENV)/.installed-dev
 	$(PY) bench/cleanup_latency.py
+
+## bench-admin: the operator console's pages on 100 000 tasks (also part of `make bench`);
+## its own database, pilot_bench_admin, on the local PostgreSQL.
+bench-admin: $(VENV)/.installed
+	DJANGO_SETTINGS_MODULE=bench.settings PILOT_Q_CLUSTER_NAME=pilot-bench-admin \
+	DJANGO_SECRET_KEY=bench-only-secret-key-not-for-production-0123456789 \
+		$(PY) -m bench.workloads.admin_pages
 
 $(BENCH_VENV)/.installed: bench/requirements.txt
 	$(PYTHON) -m venv $(BENCH_VENV)

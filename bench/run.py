@@ -47,6 +47,7 @@ from bench.report import Goal, Section
 from bench.tables import (
     E2E_SYSTEMS,
     EMBEDDED_TITLE,
+    admin_section,
     batch_section,
     cleanup_section,
     e2e_section,
@@ -78,16 +79,18 @@ class Plan:
     embedded_reps: int
     embedded_seconds: int  # per trigger load, database and repetition
     embedded_runs: int     # end-to-end runs per database and repetition
+    admin_tasks: int       # tasks seeded for the console's page budgets
+    admin_reps: int
 
 
 FULL = Plan("full", trigger_reps=3, trigger_seconds=8, batches=3, e2e_reps=3, e2e_runs=2000,
             scaling_runs=1000, paced_runs=60, pace=20, cleanup_tasks=100_000,
             cleanup_seconds=10, profile_runs=500, embedded_reps=3, embedded_seconds=5,
-            embedded_runs=1000)
+            embedded_runs=1000, admin_tasks=100_000, admin_reps=15)
 QUICK = Plan("quick", trigger_reps=2, trigger_seconds=3, batches=1, e2e_reps=1, e2e_runs=300,
              scaling_runs=200, paced_runs=30, pace=20, cleanup_tasks=10_000,
              cleanup_seconds=3, profile_runs=200, embedded_reps=1, embedded_seconds=3,
-             embedded_runs=200)
+             embedded_runs=200, admin_tasks=10_000, admin_reps=5)
 EMBEDDED_SQLITE = OUT / "embedded.sqlite3"
 
 
@@ -124,6 +127,9 @@ class Bench:
             self.results[f"queries_{broker}"] = self.workload(
                 f"queries-{broker}", "bench.workloads.queries",
                 env=pilot_env(broker, DJANGO_ALLOWED_HOSTS="localhost,127.0.0.1,testserver"))
+        self.results["admin_pages"] = self.workload(
+            "admin-pages", "bench.workloads.admin_pages", "--tasks", p.admin_tasks,
+            "--reps", p.admin_reps, env=pilot_env("orm"))
         self.results["http"] = self.workload(
             "trigger-endpoint", "bench.workloads.http", "--reps", p.trigger_reps,
             "--seconds", p.trigger_seconds, "--batches", p.batches, env=pilot_env("redis"))
@@ -275,8 +281,8 @@ def main() -> None:
     sections = [*trigger_section(results, goals), *batch_section(results, goals),
                 *e2e_section(results, goals), *lag_section(results),
                 *cleanup_section(results, goals), *scaling_section(results),
-                *queries_section(results), *profile_section(results),
-                *embedded_section(results)]
+                *queries_section(results), *admin_section(results, goals),
+                *profile_section(results), *embedded_section(results)]
     if bench.failures:
         sections.append(Section("Workloads that failed", ["workload and error (see "
                                                           "bench/out/logs/)"],

@@ -314,9 +314,14 @@ if REDIS_URL:
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache",
                           "LOCATION": "pilot_cache"}}
-# django-q2 writes cluster statistics to a cache every guard cycle; nothing reads
-# them (PILOT's Task table is the record), so keep them in process memory.
-CACHES["djangoq"] = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+# django-q2's cluster statistics (which clusters are alive, their worker pids),
+# read by the console's Workers & queue panel in the web process, so they must
+# live where every process sees them. With the Redis broker django-q2 keeps them
+# in Redis itself and this cache is unused. With the ORM broker they go to this
+# cache: the same shared store as the default one (the pilot_cache table), under
+# its own key prefix. A process-local cache would hide every cluster from the
+# web process. Cost: each cluster writes one small row every guard cycle (0.5 s).
+CACHES["djangoq"] = {**CACHES["default"], "KEY_PREFIX": "djangoq"}
 
 # Prometheus: `/metrics` wants `Authorization: Bearer <token>` when this is set,
 # and is OPEN TO ANYONE who can reach the port when it is not (docs/security.md).

@@ -2,6 +2,8 @@
 
 from django.conf import settings
 from django.contrib import admin
+from django.http import HttpResponsePermanentRedirect
+from django.templatetags.static import static
 from django.urls import include, path
 
 from workflows.api.health import HealthzView, ReadyzView
@@ -18,6 +20,10 @@ urlpatterns = [
     path("healthz", HealthzView.as_view(), name="healthz"),
     path("readyz", ReadyzView.as_view(), name="readyz"),
     path("metrics", metrics_view, name="metrics"),
+    # Browsers ask for /favicon.ico on pages that name no icon (the console's pages do);
+    # resolved per request, so the static manifest is read only when it exists.
+    path("favicon.ico", lambda request: HttpResponsePermanentRedirect(
+        static("pilot/favicon.svg"))),
 ]
 
 if settings.PILOT_BENCH_ENDPOINTS:  # the benchmark's baselines, see pilot/settings.py

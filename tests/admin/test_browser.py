@@ -1,21 +1,40 @@
 """A real browser on the real console: Debian's chromium driven by Playwright
-against a live server, with a real `qcluster` and `run_dispatcher` running the
-work (PostgreSQL). An operator logs in, triggers `demo.slow` from the form,
-watches it run, cancels it from the task page, sees it `cancelled` with its
-history, retries it and sees it succeed. Screenshots go to test-artifacts/.
+against a live server (PostgreSQL), with a real `qcluster` and
+`run_dispatcher` running the work where a test needs workers.
+
+- an operator triggers `demo.slow`, watches it, cancels it from the task
+  page, retries it and sees it succeed, then reads the dashboard;
+- the workers panel shows a worker busy with a `demo.slow` run, and the task
+  page updates the running step's elapsed time without a reload;
+- a filter-wide cancel of 1 500 pending tasks runs through the engine in
+  chunks, with audit rows and Django admin log entries in Recent actions;
+- long values never widen the page (1280 px and 390 px), every list column
+  shows at 1440 px, the confirm page keeps its key columns on a phone, the
+  charts follow dark mode, and no request of any page 404s (the favicon).
+
+Screenshots go to test-artifacts/; with PILOT_UPDATE_SCREENSHOTS=1 the ones
+the README and docs/console.md show are also written to docs/screenshots/.
 """
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
 from django.db import connection
+from django.utils import timezone
 
 from tests.admin.conftest import operators_group
-from tests.procs import ARTIFACTS, Fleet, wait_until
+from tests.procs import ARTIFACTS, ROOT, Fleet, wait_until
+from workflows.engine.operations import task_cancel
+from workflows.engine.runner import task_run
 from workflows.engine.triggers import task_trigger
+from workflows.errors import NonRetryableError
+from workflows.fingerprint import fingerprint
 from workflows.models import Task, TaskTransition
 from workflows.states import TaskState as S
 
@@ -23,6 +42,16 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow,
               pytest.mark.django_db(transaction=True)]
 
 PASSWORD = "browser-test-pw-1"
+DOCS_SHOTS = ROOT / "docs" / "screenshots"
+
+
+def shot(page, name: str, *, docs: bool = False) -> None:
+    """A full-page screenshot in test-artifacts/, and in docs/screenshots/ when
+    asked to regenerate the documentation's pictures."""
+    page.screenshot(path=ARTIFACTS / f"admin-{name}.png", full_page=True)
+    if docs and os.environ.get("PILOT_UPDATE_SCREENSHOTS") == "1":
+        DOCS_SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=DOCS_SHOTS / f"{name}.png", full_page=True)
 
 
 def other_sessions() -> int:
@@ -34,7 +63,9 @@ def other_sessions() -> int:
 
 
 @pytest.fixture
-def fleet():
+def fleet(settings):
+    # The workers' lease (tests/procs.py); the page derives the last heartbeat from it.
+    settings.PILOT_LEASE_SECONDS = 3
     fleet = Fleet()
     fleet.dispatcher()
     fleet.workers()
@@ -55,21 +86,45 @@ def operator_user(django_user_model):
     return user
 
 
+@pytest.fixture
+def signed_in(live_server, page, operator_user):
+    """The page, signed in as the operator; every response of 400 or more is
+    collected in `page.failures`."""
+    page.failures = []
+    page.on("response", lambda r: page.failures.append((r.status, r.url))
+            if r.status >= 400 else None)
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
+    page.fill("#id_username", operator_user.username)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_selector(".pilot-console-links")
+    return page
+
+
 def badge(page) -> str:
-    return page.locator(".field-state_badge .pilot-badge").inner_text().strip()
+    return page.locator(".field-state_badge .pilot-badge").inner_text(timeout=2000).strip()
 
 
 def wait_for_badge(page, *states: str, timeout: float = 60) -> str:
-    """Reload the task page, as an operator would, until its state is one of `states`."""
+    """Wait until the task page shows one of `states`. The page updates itself
+    (and reloads on a change of state); reading may meet a reload mid-way."""
+    from playwright.sync_api import Error as PlaywrightError
+
     deadline = time.monotonic() + timeout
-    while True:
-        state = badge(page)
+    state = "?"
+    while time.monotonic() < deadline:
+        try:
+            state = badge(page)
+        except PlaywrightError:
+            state = "(reloading)"
         if state in states:
             return state
-        if time.monotonic() > deadline:
-            raise AssertionError(f"task stayed {state!r}, expected {states}")
-        time.sleep(0.4)
-        page.reload()
+        time.sleep(0.3)
+    raise AssertionError(f"task stayed {state!r}, expected {states}")
+
+
+def page_width(page) -> tuple[int, int]:
+    return page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
 
 
 def confirm(page, action: str, reason: str) -> None:
@@ -81,14 +136,12 @@ def confirm(page, action: str, reason: str) -> None:
 
 
 def test_an_operator_triggers_watches_cancels_and_retries_in_a_real_browser(
-        live_server, fleet, page, operator_user):
-    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
-    page.fill("#id_username", operator_user.username)
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
+        live_server, fleet, signed_in, operator_user):
+    page = signed_in
     page.click("text=Trigger a workflow")
-
     page.select_option("#id_workflow", "demo.slow")
+    # The form filled in the workflow's example payload.
+    assert '"steps": 1' in page.input_value("#id_payload")
     key = page.input_value("#id_idempotency_key")
     assert len(key) == 36  # a fresh UUID, pre-filled
     page.fill("#id_payload", '{"steps": 10, "seconds": 1.0}')
@@ -97,14 +150,11 @@ def test_an_operator_triggers_watches_cancels_and_retries_in_a_real_browser(
     task = Task.objects.get(idempotency_key=key)
     assert task.owner_id == operator_user.pk and task.source == "admin"
 
-    # Watch it run: a worker claims it and checkpoints steps.
+    # Watch it run: the page follows on its own (live updates), no reload by us.
     wait_for_badge(page, S.RUNNING)
-    deadline = time.monotonic() + 30
-    while "s0" not in page.locator("#steps-group").inner_text():
-        assert time.monotonic() < deadline, "no step was checkpointed"
-        time.sleep(0.4)
-        page.reload()
-    page.screenshot(path=ARTIFACTS / "admin-task-running.png", full_page=True)
+    page.wait_for_selector("#pilot-steps tr[data-step='s0'][data-step-state='succeeded']",
+                           timeout=30_000)
+    shot(page, "task-running")
 
     # Cancel from the task page: a dry run first, then the engine.
     page.click("a[data-action='cancel']")
@@ -115,6 +165,9 @@ def test_an_operator_triggers_watches_cancels_and_retries_in_a_real_browser(
     wait_for_badge(page, S.CANCELLED, timeout=30)
     history = page.locator("#transitions-group").inner_text()
     assert "browser test: stop it" in history and "finish_cancel" in history
+    # The step the cancel stopped reads "cancelled", not a red "failed".
+    assert page.locator("#pilot-steps [data-step-state='cancelled']").count() == 1
+    assert page.locator("#pilot-steps [data-step-state='failed']").count() == 0
     assert page.locator("a[data-action='cancel']").count() == 0
     assert page.locator("a[data-action='retry']").count() == 1
     task.refresh_from_db()
@@ -124,10 +177,11 @@ def test_an_operator_triggers_watches_cancels_and_retries_in_a_real_browser(
     # Retry: it resumes from its checkpoints and succeeds.
     confirm(page, "retry", "browser test: go on")
     wait_for_badge(page, S.SUCCEEDED, timeout=60)
+    page.wait_for_selector(".field-result_json")
     assert '"completed_steps": 10' in page.locator(".field-result_json").inner_text()
     history = page.locator("#transitions-group").inner_text()
     assert "browser test: go on" in history and "succeed" in history
-    page.screenshot(path=ARTIFACTS / "admin-task-page.png", full_page=True)
+    shot(page, "task-page", docs=True)
 
     edges = list(TaskTransition.objects.filter(task_id=task.pk).order_by("at", "id")
                  .values_list("transition", "from_state", "to_state"))
@@ -137,6 +191,12 @@ def test_an_operator_triggers_watches_cancels_and_retries_in_a_real_browser(
     assert edges[-1] == ("succeed", "running", "succeeded")
     task.refresh_from_db()
     assert task.result == {"completed_steps": 10}
+    # The console's actions are in Django's log, on the task's History page too.
+    page.click("a.historylink")
+    logged = page.locator("#change-history").inner_text()
+    assert "Triggered through the console: created" in logged
+    assert "Cancel through the console: browser test: stop it" in logged
+    assert page.locator("#pilot-transitions tr[data-transition]").count() == len(edges)
 
     # Some more work for the workers, so the dashboard has something to say:
     # a replay, retries and a failure with compensations.
@@ -154,6 +214,194 @@ def test_an_operator_triggers_watches_cancels_and_retries_in_a_real_browser(
                         .inner_text()) for state in ("succeeded", "failed")}
     assert cards == {"succeeded": 5, "failed": 1}
     assert "demo.saga" in page.locator("#pilot-top-failing").inner_text()
-    page.screenshot(path=ARTIFACTS / "admin-dashboard.png", full_page=True)
+    assert "of 2 worker(s) busy" in page.locator("#pilot-workers-summary").inner_text()
+    shot(page, "dashboard", docs=True)
     page.goto(f"{live_server.url}/admin/workflows/task/")
-    page.screenshot(path=ARTIFACTS / "admin-task-list.png", full_page=True)
+    shot(page, "task-list", docs=True)
+    assert page.failures == []
+
+
+def test_the_workers_panel_and_the_task_page_follow_a_running_task_live(
+        live_server, fleet, signed_in, operator_user):
+    page = signed_in
+    task = task_trigger(owner=operator_user, key="watch-live", workflow="demo.slow",
+                        payload={"steps": 4, "seconds": 3}).task
+    page.goto(f"{live_server.url}/admin/workflows/task/workers/")
+    busy = page.locator(f"tr[data-task='{task.pk}'] [data-worker-state='busy']")
+    busy.wait_for(timeout=30_000)  # the panel updates itself: no reload by the test
+    row = page.locator(f"tr[data-task='{task.pk}']")
+    worker = row.get_attribute("data-worker")
+    assert worker == Task.objects.get(pk=task.pk).lease_owner  # "<host>:<worker pid>"
+    assert "demo.slow" in row.inner_text()
+    assert page.locator("[data-worker-state='idle']").count() == 1  # the other worker
+    shot(page, "workers", docs=True)
+
+    page.goto(f"{live_server.url}/admin/workflows/task/{task.pk}/change/")
+    elapsed = page.locator("#pilot-elapsed")
+    elapsed.wait_for(timeout=20_000)
+    page.evaluate("window.pilotMarker = 'same page'")
+    first_step = page.locator("#pilot-now .pilot-now-step").inner_text()
+    first = elapsed.inner_text()
+    assert "of 4:" in first_step
+    page.wait_for_function(
+        "previous => { const e = document.getElementById('pilot-elapsed');"
+        " return e && e.textContent !== previous; }", arg=first, timeout=10_000)
+    page.wait_for_timeout(2500)  # at least one round trip to the live endpoint
+    assert page.evaluate("window.pilotMarker") == "same page"  # never reloaded
+    assert "updated" in page.locator("#pilot-live-status").inner_text()
+    assert page.locator("#pilot-heartbeat").inner_text().startswith("last heartbeat")
+    assert "still to run" in page.locator("#pilot-now").inner_text() or \
+        "the last planned step" in page.locator("#pilot-now").inner_text()
+    task_cancel(task_id=task.pk, user=operator_user, reason="test over")
+    assert page.failures == []
+
+
+def pending_incident(owner, n: int) -> None:
+    """n pending tasks, as many triggers would have left them, inserted in bulk."""
+    now = timezone.now()
+    Task.objects.bulk_create([
+        Task(owner=owner, idempotency_key=f"incident-{i}", workflow="demo.echo",
+             payload={"i": i}, fingerprint=fingerprint("demo.echo", {"i": i}),
+             max_attempts=3, created_at=now, updated_at=now, enqueued_at=now)
+        for i in range(n)], batch_size=500)
+
+
+def test_a_filter_wide_cancel_of_1500_pending_tasks(live_server, signed_in, operator_user,
+                                                   django_user_model):
+    page = signed_in
+    client = django_user_model.objects.create_user("upstream-client")
+    pending_incident(client, 1500)
+    Task.objects.create(owner=client, idempotency_key="not-incident", workflow="demo.echo",
+                        payload={}, fingerprint=fingerprint("demo.echo", {}), max_attempts=3)
+    filtered = f"{live_server.url}/admin/workflows/task/?q=incident&state__exact=pending"
+    page.goto(filtered)
+    page.click("a[data-filter-action='cancel']")
+    page.wait_for_selector("#pilot-bulk-summary")
+    assert page.locator("[data-summary-state='pending'] [data-count]").inner_text() == "1500"
+    assert page.locator("#pilot-confirm").get_attribute("value") == "Cancel 1500 task(s)"
+    page.set_viewport_size({"width": 390, "height": 800})
+    assert page_width(page)[0] <= 390
+    shot(page, "bulk-confirm", docs=True)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.fill("#id_reason", "incident 42: upstream sent garbage")
+    started = time.monotonic()
+    page.click("#pilot-confirm")
+    page.wait_for_url("**/bulk/cancel/done/**", timeout=120_000)
+    took = time.monotonic() - started
+    print(f"\nfilter-wide cancel of 1500 tasks through the engine: {took:.1f} s")
+    assert "1500</strong> of 1500 task(s) changed" in page.content()
+    assert page.locator("[data-now-state='cancelled'] [data-count]").inner_text() == "1500"
+    shot(page, "bulk-done", docs=True)
+
+    assert Task.objects.filter(idempotency_key__startswith="incident-",
+                               state=S.CANCELLED).count() == 1500
+    assert Task.objects.get(idempotency_key="not-incident").state == S.PENDING
+    audit = TaskTransition.objects.filter(transition="cancel", from_state="pending",
+                                          to_state="cancelled", actor="user:op-browser",
+                                          reason="incident 42: upstream sent garbage")
+    assert audit.count() == 1500
+    assert LogEntry.objects.filter(user=operator_user).count() == 1500
+
+    # Back keeps the filter; run again, nothing would change, so no Confirm.
+    page.click("#pilot-back")
+    assert page.url == filtered
+    assert "0 tasks" in page.locator("p.paginator").inner_text()
+    page.click("a[data-filter-action='cancel']")
+    page.wait_for_selector("#pilot-nothing")
+    assert page.locator("#pilot-confirm").count() == 0
+    # Recent actions on the console's home page.
+    page.goto(f"{live_server.url}/admin/")
+    recent = page.locator("#recent-actions-module").inner_text()
+    assert "incident-" in recent and "(cancelled)" in recent
+    assert page.failures == []
+
+
+def test_the_running_filter_follows_live_and_its_rows_stay_selectable(
+        live_server, signed_in, operator_user):
+    from tests.factories import make_task
+
+    page = signed_in
+    first = make_task(operator_user, state=S.RUNNING, key="live-row-1")
+    page.goto(f"{live_server.url}/admin/workflows/task/?state__exact=running")
+    assert page.locator("#pilot-live-toggle").is_checked()  # live by default here
+    page.evaluate("window.pilotMarker = 'same page'")
+    second = make_task(operator_user, state=S.RUNNING, key="live-row-2")
+    page.wait_for_selector("#result_list >> text=live-row-2", timeout=10_000)
+    assert page.evaluate("window.pilotMarker") == "same page"  # rows swapped, no reload
+    # Django's "select all" and counter work on the new rows.
+    page.click("#action-toggle")
+    assert page.locator("tr input.action-select:checked").count() == 2
+    assert "2 of 2 selected" in page.locator(".action-counter").inner_text()
+    page.select_option("select[name=action]", "cancel_selected")
+    page.click("button[name=index]")
+    page.wait_for_selector("#pilot-plan")
+    assert {str(first.pk), str(second.pk)} == set(
+        page.locator("#pilot-plan tbody tr").evaluate_all("rows => rows.map(r => r.dataset.task)"))
+    assert page.failures == []
+
+
+def test_pages_keep_to_the_screen_follow_dark_mode_and_load_without_a_404(
+        live_server, signed_in, operator_user, temp_workflow):
+    page = signed_in
+    wf = temp_workflow("t.long_values")
+
+    def shout(ctx):
+        raise NonRetryableError("E" * 300)
+
+    wf.step(lambda ctx: {"text": "x" * 300, "word": "y" * 120}, name="long_output")
+    wf.step(shout, name="long_error")
+    task = task_trigger(owner=operator_user, key=f"long-{uuid.uuid4().hex[:6]}",
+                        workflow="t.long_values", payload={"note": "z" * 300}).task
+    task_run(task_id=str(task.pk))  # in this process: the workflow is registered here
+    assert Task.objects.get(pk=task.pk).state == S.FAILED
+    url = f"{live_server.url}/admin/workflows/task/{task.pk}/change/"
+    for width in (1280, 390):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.goto(url)
+        page.wait_for_selector("#pilot-steps")
+        document, viewport = page_width(page)
+        assert document <= viewport, (width, document)
+    # On a laptop the long output wraps inside its box, on screen; on a phone the
+    # steps table scrolls inside its own box instead of widening the page.
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(url)
+    for cell in ("#pilot-steps .pilot-cell-json pre", "#pilot-steps .pilot-cell-error",
+                 "#pilot-error pre", ".field-payload_json pre"):
+        box = page.locator(cell).last.bounding_box()
+        assert box["x"] + box["width"] <= 1280, cell
+    shot(page, "task-long-values")
+
+    # The confirm page keeps task, now and outcome on a phone.
+    page.set_viewport_size({"width": 390, "height": 800})
+    page.goto(f"{url[:-len('change/')]}transition/retry/")
+    for column in (1, 2, 3):
+        cell = page.locator(f"#pilot-plan tbody tr td:nth-child({column})").bounding_box()
+        assert cell["x"] + cell["width"] <= 390, column
+    assert page_width(page)[0] <= 390
+
+    # Every column of the list at 1440 px, duration and step / error included.
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.goto(f"{live_server.url}/admin/workflows/task/")
+    for column in ("duration", "step_or_error"):
+        head = page.locator(f"#result_list th.column-{column}").bounding_box()
+        assert head["x"] + head["width"] <= 1440, column
+    assert page.locator("td.field-step_or_error .pilot-error-head").count() == 1
+
+    # Dark mode: the charts are drawn in the theme's colours, not white boxes.
+    page.emulate_media(color_scheme="dark")
+    page.goto(f"{live_server.url}/admin/workflows/task/dashboard/")
+    colours = page.evaluate("""() => {
+        const svg = document.querySelector('.pilot-svg');
+        const style = (el) => getComputedStyle(el);
+        return {svg: style(svg).backgroundColor, page: style(document.body).backgroundColor,
+                ink: style(svg.querySelector('.pilot-ink-muted')).fill,
+                text: style(document.querySelector('p.pilot-muted')).color};
+    }""")
+    assert colours["svg"] == colours["page"] != "rgb(255, 255, 255)", colours
+    assert colours["ink"] == colours["text"], colours  # axis labels in the page's own grey
+    shot(page, "dashboard-dark")
+    page.goto(f"{live_server.url}/admin/workflows/task/workflows/")
+    plate = page.evaluate("getComputedStyle(document.querySelector('.pilot-plate')).fill")
+    assert plate != "rgb(255, 255, 255)"
+    # Every request of every page above succeeded: the favicon is found too.
+    assert page.failures == []

@@ -79,14 +79,14 @@ def test_the_task_page_is_read_only_and_pretty_prints_json(operator_client, owne
     for field in ("state", "payload", "result", "idempotency_key", "workflow"):
         assert f'name="{field}"' not in html
     assert 'name="_save"' not in html
-    # Steps and history inlines: who, when, from → to, why.
+    # Steps and history: who, when, from → to, why.
     assert "history (transitions)" in html.lower() and "steps (checkpoints)" in html.lower()
     history = html.lower().split("history (transitions)")[1]
     for expected in ("claim", "fail", "pilot-state-running", "pilot-state-failed", ">test<"):
         assert expected in history, expected
-    # Times to the millisecond, in UTC: events a few ms apart stay in order.
+    # ISO 8601 times to the millisecond, in UTC: events a few ms apart stay in order.
     when = task.transitions.order_by("at").first().at
-    assert when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] in history
+    assert when.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3].lower() + "z" in history
 
 
 def test_nobody_can_save_the_change_form_not_even_a_superuser(django_user_model, owner):
@@ -232,9 +232,10 @@ def insert_many_tasks(owners: list, n: int) -> None:
 
 @pytest.mark.postgres
 @pytest.mark.slow
-def test_the_list_stays_fast_and_flat_on_100_000_tasks(operator_client, django_user_model):
-    import time
-
+def test_the_list_stays_flat_on_100_000_tasks(operator_client, django_user_model):
+    """A fixed handful of queries per page whatever the filter, on a table of
+    100 000 tasks. How fast each page renders is measured by the benchmark
+    (bench/workloads/admin_pages.py, `make bench`), not here."""
     owners = django_user_model.objects.bulk_create(
         [django_user_model(username=f"client-{i}") for i in range(20)])
     insert_many_tasks(owners, 100_000)
@@ -249,14 +250,9 @@ def test_the_list_stays_fast_and_flat_on_100_000_tasks(operator_client, django_u
                     "created_at__month": str(timezone.now().month),
                     "created_at__day": str(timezone.now().day)},
     }
-    timings = {}
     for name, params in pages.items():
-        started = time.perf_counter()
         with CaptureQueriesContext(connection) as queries:
             response = operator_client.get(LIST_URL, params)
-        timings[name] = (round(time.perf_counter() - started, 3), len(queries))
         assert response.status_code == 200
         assert len(queries) <= 10, (name, [q["sql"][:120] for q in queries.captured_queries])
         assert response.context["cl"].result_list, name
-    print(f"\ntask list on 100 000 tasks, (seconds, queries) per page: {timings}")
-    assert max(seconds for seconds, _ in timings.values()) < 2.0, timings

@@ -8,7 +8,9 @@ import pytest
 from django.utils import timezone
 
 from tests.helpers import drain
-from workflows.admin.timeline import task_timeline
+from workflows.admin.phases import retry_delay
+from workflows.admin.task_page import task_page
+from workflows.admin.text import seconds_text
 from workflows.engine.triggers import task_trigger
 from workflows.models import StepCheckpoint, Task, TaskTransition
 
@@ -16,22 +18,33 @@ from workflows.models import StepCheckpoint, Task, TaskTransition
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def draw(task):
-    transitions = list(TaskTransition.objects.filter(task_id=task.pk).order_by("at", "id"))
-    steps = list(StepCheckpoint.objects.filter(task_id=task.pk).order_by("index"))
-    return str(task_timeline(task, transitions, steps, now=timezone.now()))
+def draw(task) -> str:
+    return str(task_page(task, now=timezone.now())["timeline_svg"])
 
 
-def test_a_retried_run_shows_each_attempt_each_wait_and_each_step(owner):
+def lanes(svg: str) -> list[tuple[str, str]]:
+    return re.findall(r'data-state="(\w+)" data-phase="([\w+]+)"', svg)
+
+
+def test_a_retried_run_shows_each_attempt_each_backoff_and_each_wait(owner):
     task = task_trigger(owner=owner, key="f", workflow="demo.flaky",
                         payload={"fail_times": 2}).task
     drain(lambda: Task.objects.get(pk=task.pk).is_finished)
     task.refresh_from_db()
     svg = draw(task)
-    lanes = re.findall(r'data-state="(\w+)"', svg)
-    assert lanes == ["pending", "running", "retrying", "running", "retrying", "running",
-                     "succeeded"]
-    assert svg.count("<title>running (claim by worker:") == 3
+    drawn = lanes(svg)
+    states = [s for i, (s, _) in enumerate(drawn) if i == 0 or drawn[i - 1][0] != s]
+    assert states == ["pending", "running", "retrying", "running", "retrying", "running",
+                      "succeeded"]
+    assert drawn[0] == ("pending", "waiting")  # created, not yet taken by a worker
+    # Each wait after a failure starts with exactly the backoff the runner chose.
+    retries = TaskTransition.objects.filter(task_id=task.pk, transition="schedule_retry")
+    assert retries.count() == 2
+    for retry in retries:
+        delay = retry_delay(retry.reason).total_seconds()
+        assert f"<title>backoff (schedule_retry by {retry.actor}) {seconds_text(delay)}" in svg
+    assert [p for s, p in drawn if s == "retrying"][0] == "backoff"
+    assert svg.count("(claim by worker:") == 3
     assert re.findall(r'data-step="(\w+)"', svg) == ["attempt"]
     assert "attempt: succeeded, 3 attempt(s)" in svg
 
@@ -43,6 +56,6 @@ def test_an_unstarted_task_draws_up_to_now_and_escapes_names(owner, temp_workflo
                         payload={}).task
     StepCheckpoint.objects.create(task=task, index=0, name="a-b_c")
     svg = draw(task)
-    assert re.findall(r'data-state="(\w+)"', svg) == ["pending"]
+    assert lanes(svg) == [("pending", "waiting")]
     assert "(now)" in svg and "pending, not started" in svg
     assert "<b>" not in svg

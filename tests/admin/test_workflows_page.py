@@ -22,8 +22,8 @@ def test_every_workflow_is_listed_with_steps_and_policies(operator_client):
     for name in ("demo.echo", "demo.sync_orders", "demo.flaky", "demo.slow", "demo.saga"):
         assert f'data-workflow="{name}"' in html
     saga = html.split('data-workflow="demo.saga"')[1].split('data-workflow=')[0]
-    assert "at most 3 attempt(s); backoff 0.1 s × 2.0" in saga
-    assert "86400 s after the task finishes" in saga
+    assert "at most 3 attempt(s); backoff 100 ms × 2.0" in saga
+    assert "24 h after the task finishes" in saga  # the TTL as a duration
     assert re.search(r"reserve</td>\s*<td>yes — exactly once</td>\s*<td>release", saga)
     sync = html.split('data-workflow="demo.sync_orders"')[1].split('data-workflow=')[0]
     assert re.search(r"write</td>\s*<td>yes — exactly once", sync)

@@ -1,9 +1,14 @@
-"""The operator console (SPEC §9), in the Django admin.
+"""The operator console, in the Django admin (docs/console.md is its guide).
 
 - `tasks`: the task list and the read-only task page, registered on the site;
+  `task_page` + `phases`: what the task page shows; `list_params`: the list's
+  query parameters, checked before they reach the database;
 - `actions` + `confirm`: cancel / retry / retry from start, with a dry run;
-- `trigger`, `dashboard`, `workflows_page`: the console's own pages;
-- `stats`: the dashboard's reads; `chart`, `timeline`, `diagram`: SVG pictures.
+  `bulk` + `bulk_views`: the same for everything matching a filter, in chunks;
+  `audit`: console actions in Django's admin log;
+- `trigger`, `dashboard` (with Workers & queue), `workflows_page`: the
+  console's own pages; `live`: the JSON endpoint their live updates poll;
+- `stats`, `workers`: reads; `chart`, `timeline`, `diagram`: SVG pictures.
 
 Admin code never changes a task: every change is an engine call.
 """
@@ -16,3 +21,11 @@ admin.site.site_header = "PILOT operator console"
 admin.site.site_title = "PILOT"
 admin.site.index_title = "Operator console"
 admin.site.index_template = "pilot/admin/index.html"
+# The console's favicon and script on the login and app pages too.
+admin.site.login_template = "pilot/admin/login.html"
+admin.site.app_index_template = "pilot/admin/app_index.html"
+# The task list needs the width (every column visible at 1440 px); the console's
+# pages link each other, and Home lists every model.
+admin.site.enable_nav_sidebar = False
+# "View site" opens the console's task list: PILOT has no other site to view.
+admin.site.site_url = "/admin/workflows/task/"

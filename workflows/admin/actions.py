@@ -83,6 +83,7 @@ class AppliedChange:
     before: str
     after: str
     detail: str
+    task: Task | None = None  # as the engine left it (ok only)
 
 
 def _steps_of(tasks: list[Task]) -> dict:
@@ -132,5 +133,5 @@ def actions_apply(action: OperatorAction, tasks: list[Task], *, user,
                                          f"{exc.code}: {exc.detail}"))
             continue
         results.append(AppliedChange(task.pk, str(task), True, task.state, changed.state,
-                                     f"{task.state} → {changed.state}"))
+                                     f"{task.state} → {changed.state}", changed))
     return results

@@ -48,12 +48,12 @@ def activity_chart(buckets: list) -> SafeString:
     for tick in range(5):
         value = peak * tick // 4
         y = y_of(value)
-        svg.line(LEFT, y, LEFT + plot_w, y, stroke="#e5e7eb")
-        svg.text(LEFT - 6, y + 4, str(value), text_anchor="end", fill="#6b7280")
+        svg.line(LEFT, y, LEFT + plot_w, y)
+        svg.text(LEFT - 6, y + 4, str(value), text_anchor="end", tone="muted")
     for i, bucket in enumerate(buckets):
         if i % 3 == 0 or i == len(buckets) - 1:
             svg.text(x_of(i), TOP + plot_h + 16, bucket.start.strftime("%H:00"),
-                     text_anchor="middle", fill="#6b7280")
+                     text_anchor="middle", tone="muted")
     for name, legend, colour in SERIES:
         points = " ".join(f"{x_of(i):.1f},{y_of(getattr(b, name)):.1f}"
                           for i, b in enumerate(buckets))

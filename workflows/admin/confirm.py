@@ -8,7 +8,12 @@ Two doors, one behaviour:
 
 Both show every selected task with what confirming would do to it, and on
 confirmation call the engine once per task (its own transaction), reporting
-each task's outcome. CSRF applies to every POST (admin views are protected).
+each task's outcome and writing Django admin log entries for the tasks it
+changed. CSRF applies to every POST (admin views are protected).
+
+"Select all N tasks" on the list (Django's select-across), or more than
+MAX_BULK selected, goes to the filter-wide action instead (bulk.py): a summary
+dry run, then chunks with a progress page.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from workflows.admin.actions import ACTIONS, OperatorAction, actions_apply, actions_plan
+from workflows.admin.audit import action_message, console_action_log
 from workflows.admin.forms import ReasonForm
+from workflows.models import Task
 
 # The dry run lists every task; beyond this, select fewer (or filter) first.
 MAX_BULK = 500
@@ -34,25 +41,35 @@ def _context(model_admin, request, **extra) -> dict:
 
 
 def bulk_view(model_admin, request, queryset, action: OperatorAction):
-    """The admin action for `action`: confirmation page, then per-task outcomes."""
+    """The admin action for `action`: confirmation page, then per-task outcomes.
+    The list's filters (the action POST's query string) are kept for "Back"."""
+    back_url = reverse("admin:workflows_task_changelist")
+    if request.GET:
+        back_url += "?" + request.GET.urlencode()
+    filter_wide = reverse("admin:workflows_task_bulk", args=[action.name])
+    filter_wide += f"?{request.GET.urlencode()}"
+    if request.POST.get("select_across") == "1":
+        return HttpResponseRedirect(filter_wide)
     tasks = list(queryset.select_related("owner").order_by("-created_at")[:MAX_BULK + 1])
-    if len(tasks) > MAX_BULK:
-        model_admin.message_user(request, f"Select at most {MAX_BULK} tasks for one action.",
-                                 messages.ERROR)
+    if len(tasks) > MAX_BULK:  # only a hand-made POST selects that many, one by one
+        model_admin.message_user(request, f"Select at most {MAX_BULK} tasks one by one; for "
+                                 "more, use “Select all” or “… all matching”, which act on "
+                                 "the whole filter in chunks.", messages.ERROR)
         return None
     form = ReasonForm(request.POST if request.POST.get(CONFIRM_FIELD) == "yes" else None)
     if form.is_bound and form.is_valid():
-        results = actions_apply(action, tasks, user=request.user,
-                                reason=form.cleaned_data["reason"])
+        reason = form.cleaned_data["reason"]
+        results = actions_apply(action, tasks, user=request.user, reason=reason)
+        console_action_log(request.user, [r.task for r in results if r.ok],
+                           action_message(action.label, reason, scope="selected tasks"))
         return TemplateResponse(request, "pilot/admin/action_outcomes.html", _context(
             model_admin, request, title=f"{action.label}: outcomes", action=action,
-            results=results, changed=sum(r.ok for r in results),
-            back_url=reverse("admin:workflows_task_changelist")))
+            results=_fresh_states(results), changed=sum(r.ok for r in results),
+            back_url=back_url))
     return TemplateResponse(request, "pilot/admin/action_confirm.html", _context(
         model_admin, request, title=f"{action.label}: confirm", action=action, form=form,
         plan=actions_plan(action, tasks), bulk=True, confirm_field=CONFIRM_FIELD,
-        checkbox_name=helpers.ACTION_CHECKBOX_NAME, form_action="",
-        cancel_url=reverse("admin:workflows_task_changelist")))
+        checkbox_name=helpers.ACTION_CHECKBOX_NAME, form_action="", cancel_url=back_url))
 
 
 def transition_view(model_admin, request, object_id, action_name):
@@ -62,17 +79,19 @@ def transition_view(model_admin, request, object_id, action_name):
     if action is None:
         raise Http404("No such action")
     if not (action.permitted(request.user) and model_admin.has_view_permission(request)):
-        raise PermissionDenied(f"{action.label} needs {action.permission} and "
-                               "workflows.view_task")
+        raise PermissionDenied(f"{action.label} needs the permission {action.permission} "
+                               "(and workflows.view_task)")
     task = model_admin.get_object(request, object_id)
     if task is None:
         raise Http404("No such task")
     task_url = reverse("admin:workflows_task_change", args=[task.pk])
     form = ReasonForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
-        [result] = actions_apply(action, [task], user=request.user,
-                                 reason=form.cleaned_data["reason"])
+        reason = form.cleaned_data["reason"]
+        [result] = actions_apply(action, [task], user=request.user, reason=reason)
         if result.ok:
+            console_action_log(request.user, [result.task],
+                               action_message(action.label, reason))
             messages.success(request, f"{action.label}: {result.detail}.")
         else:
             messages.error(request, f"{action.label} refused — {result.detail}")
@@ -81,3 +100,14 @@ def transition_view(model_admin, request, object_id, action_name):
         model_admin, request, title=f"{action.label}: confirm", action=action, form=form,
         plan=actions_plan(action, [task]), bulk=False, original=task,
         confirm_field=CONFIRM_FIELD, form_action=request.path, cancel_url=task_url))
+
+
+def _fresh_states(results) -> list:
+    """`results`, each with `.now`: the task's state read again after all of
+    them were applied (a cancelled running task moves on to cancelled within
+    seconds), so the outcome page's links say where each task is now."""
+    now = dict(Task.objects.filter(pk__in=[r.task_id for r in results])
+               .values_list("pk", "state"))
+    for result in results:
+        result.now = now.get(result.task_id, "deleted")
+    return results

@@ -1,4 +1,6 @@
-"""The dashboard: what is running, what failed, what was triggered twice."""
+"""The dashboard and the Workers & queue page: what is running, who runs it,
+what waits, what failed, what was triggered twice. Both refresh live
+(workflows/admin/live.py renders the same parts again)."""
 
 from __future__ import annotations
 
@@ -9,31 +11,61 @@ from django.utils import timezone
 from workflows.admin import stats
 from workflows.admin.chart import SERIES, activity_chart
 from workflows.admin.svg import STATE_COLORS
+from workflows.admin.workers import work_status
+
+VIEW_ALL = "workflows.view_all_tasks"
 
 
-def dashboard_view(model_admin, request):
-    """Counts by state, activity per hour over 24 h (chart and table), tasks past
-    their lease, the oldest pending tasks and the top failing workflows. Needs
-    `workflows.view_all_tasks`: it describes every client's tasks."""
-    if not request.user.has_perm("workflows.view_all_tasks"):
-        raise PermissionDenied("The dashboard needs workflows.view_all_tasks")
-    now = timezone.now()
+def require_view_all(request, page: str) -> None:
+    """Both pages describe every client's tasks."""
+    if not request.user.has_perm(VIEW_ALL):
+        raise PermissionDenied(f"The {page} needs the permission {VIEW_ALL}")
+
+
+def dashboard_context(now) -> dict:
+    """Counts by state, activity per hour over 24 h (chart and table), workers
+    and queue, tasks past their lease, the oldest pending tasks and the top
+    failing workflows."""
     counts = stats.task_counts_by_state()
     buckets = stats.activity_per_hour(now)
     totals = [(name, legend, colour, sum(getattr(b, name) for b in buckets))
               for name, legend, colour in SERIES]
-    return TemplateResponse(request, "pilot/admin/dashboard.html", {
-        **model_admin.admin_site.each_context(request),
-        "opts": model_admin.model._meta,
-        "title": "Dashboard",
+    return {
         "now": now,
-        "state_counts": [(state, n, STATE_COLORS[state]) for state, n in counts.items()],
+        # .get: a state added to the model before it has a colour still counts.
+        "state_counts": [(state, n, STATE_COLORS.get(state, "#6b7280"))
+                         for state, n in counts.items()],
         "total_tasks": sum(counts.values()),
         "chart": activity_chart(buckets),
         "buckets": buckets,
         "series": SERIES,
         "totals": totals,
+        "work": work_status(now),
         "past_lease": stats.tasks_past_lease(now),
         "oldest_pending": stats.tasks_oldest_pending(),
         "top_failing": stats.workflows_top_failing(now),
+    }
+
+
+def dashboard_view(model_admin, request):
+    require_view_all(request, "dashboard")
+    return TemplateResponse(request, "pilot/admin/dashboard.html", {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.model._meta,
+        "title": "Dashboard",
+        **dashboard_context(timezone.now()),
+    })
+
+
+def workers_view(model_admin, request):
+    """Clusters, workers (busy with which task, idle), the broker's queue and
+    the tasks waiting for a worker or in backoff."""
+    require_view_all(request, "Workers & queue page")
+    now = timezone.now()
+    return TemplateResponse(request, "pilot/admin/workers.html", {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.model._meta,
+        "title": "Workers & queue",
+        "now": now,
+        "work": work_status(now),
     })

@@ -76,7 +76,7 @@ def state_diagram() -> SafeString:
     svg = Svg(WIDTH, HEIGHT, label="Task state machine")
     svg.raw('<defs><marker id="pilot-arrow" viewBox="0 0 10 10" refX="9" refY="5" '
             'markerWidth="7" markerHeight="7" orient="auto-start-reverse">'
-            '<path d="M0,0 L10,5 L0,10 z" fill="#374151"/></marker></defs>')
+            '<path d="M0,0 L10,5 L0,10 z" class="pilot-edge-head"/></marker></defs>')
     labels = []
     for (source, target), edge in sorted(state_edges().items()):
         (x0, y0), (x1, y1) = POSITIONS[source], POSITIONS[target]
@@ -97,7 +97,7 @@ def state_diagram() -> SafeString:
         ex, ey = _clip(x1, y1, qx, qy)
         dash = 'stroke-dasharray="5 3" ' if edge["permission"] else ""
         svg.raw(f'<path d="M{sx:.1f},{sy:.1f} Q{qx:.1f},{qy:.1f} {ex:.1f},{ey:.1f}" '
-                f'fill="none" stroke="#374151" stroke-width="1.4" '
+                f'fill="none" class="pilot-edge" stroke-width="1.4" '
                 f'{dash}'
                 f'marker-end="url(#pilot-arrow)" data-edge="{escape(source)}-{escape(target)}"/>')
         t = LABEL_AT.get((source, target), 0.5)
@@ -112,15 +112,15 @@ def state_diagram() -> SafeString:
     for state, (x, y) in POSITIONS.items():
         svg.rect(x - NODE_W / 2, y - NODE_H / 2, NODE_W, NODE_H, rx=17,
                  fill=STATE_COLORS[state], data_node=state)
-        svg.text(x, y + 5, state, text_anchor="middle", fill="#ffffff", font_size=13,
+        svg.text(x, y + 5, state, text_anchor="middle", tone="light", font_size=13,
                  font_weight="bold")
     for lx, ly, text, anchor in labels:
         # A white plate under each label keeps it readable where lines cross.
         width = 6.4 * len(text) + 8
         left = {"middle": lx - width / 2, "start": lx - 4, "end": lx - width + 4}[anchor]
-        svg.rect(left, ly - 10, width, 15, fill="#ffffff", opacity=0.85, rx=3)
+        svg.rect(left, ly - 10, width, 15, class_="pilot-plate", opacity=0.85, rx=3)
         svg.text(lx, ly + 1, text, text_anchor=anchor, font_size=11)
-    svg.line(20, HEIGHT - 22, 50, HEIGHT - 22, stroke="#374151", stroke_dasharray="5 3")
+    svg.line(20, HEIGHT - 22, 50, HEIGHT - 22, stroke_dasharray="5 3", class_="pilot-edge")
     svg.text(56, HEIGHT - 18, "operator edges: cancel needs workflows.cancel_task, retry "
                               "needs workflows.retry_task; solid: worker and dispatcher")
     return svg.render()

@@ -1,13 +1,23 @@
 """Forms of the operator console. They parse and shape input only; the engine
 validates payloads (with the workflow's own serializer, exactly as the API
-does) and decides."""
+does) and decides.
+
+Whatever is typed into the payload box ends as a form error, never a 500:
+malformed JSON, a number with more digits than Python will convert (4 300),
+nesting deeper than the parser follows, or text that is not valid Unicode (an
+unpaired surrogate such as "\\ud800", which no database can store).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 from django import forms
+from django.urls import reverse
+from django.utils.html import escape, format_html
+from django.utils.safestring import mark_safe
 
 from workflows.errors import (
     IdempotencyKeyInvalid,
@@ -15,10 +25,14 @@ from workflows.errors import (
     IdempotencyKeyReused,
     PayloadTooLarge,
     PilotError,
+    TaskCancelled,
     UnknownWorkflow,
     ValidationFailed,
 )
 from workflows.registry import registry
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
 
 
 def _workflow_choices():
@@ -27,6 +41,44 @@ def _workflow_choices():
 
 def _fresh_key() -> str:
     return str(uuid.uuid4())
+
+
+def _has_surrogate(value) -> bool:
+    """Whether any string (key or value) in the JSON `value` holds an unpaired
+    surrogate; iterative, so a deep value cannot exhaust the stack."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if _SURROGATE.search(node):
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
+def parse_payload(text: str):
+    """The JSON value of `text`, or a ValidationError that says what is wrong."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise forms.ValidationError(
+            f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise forms.ValidationError("Not readable: the JSON is nested too deeply.") from None
+    except ValueError as exc:
+        # int('9' * 5000): Python converts at most 4 300 digits (sys.int_info).
+        problem = ("a number has too many digits" if "digits" in str(exc)
+                   else str(exc)[:200])
+        raise forms.ValidationError(f"Not valid JSON: {problem}.") from None
+    if _has_surrogate(value):
+        raise forms.ValidationError(
+            "Not valid text: a string contains an unpaired surrogate (\\ud800–\\udfff), "
+            "which is not Unicode and cannot be stored.")
+    return value
 
 
 class TriggerForm(forms.Form):
@@ -40,19 +92,16 @@ class TriggerForm(forms.Form):
     payload = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 10, "cols": 80, "class": "pilot-code",
                                      "spellcheck": "false"}),
-        initial="{}", strip=False, help_text="A JSON object; validated like the API's.")
+        initial="{}", strip=False,
+        help_text="A JSON object; validated like the API's. Choosing a workflow fills in "
+                  "its fields.")
 
     def clean_payload(self):
-        text = self.cleaned_data["payload"]
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(
-                f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-            ) from None
+        return parse_payload(self.cleaned_data["payload"])
 
     def add_engine_error(self, error: PilotError) -> None:
-        """Show an engine refusal on the field it is about (or the whole form)."""
+        """Show an engine refusal once, on the field it is about (or the whole
+        form); task ids in it link to the task page."""
         if isinstance(error, ValidationFailed) and error.errors:
             for field, problems in error.errors.items():
                 self.add_error(field if field in self.fields else None,
@@ -60,9 +109,22 @@ class TriggerForm(forms.Form):
             return
         field = {UnknownWorkflow: "workflow", IdempotencyKeyInvalid: "idempotency_key",
                  IdempotencyKeyMissing: "idempotency_key",
-                 IdempotencyKeyReused: "idempotency_key",
+                 IdempotencyKeyReused: "idempotency_key", TaskCancelled: "idempotency_key",
                  PayloadTooLarge: "payload"}.get(type(error))
-        self.add_error(field, f"{error.detail} ({error.code})")
+        self.add_error(field, forms.ValidationError(_linked(f"{error.detail} ({error.code})")))
+
+
+def _linked(text: str):
+    """`text`, escaped, with each task id in it a link to that task's page."""
+    pieces, last = [], 0
+    for match in _UUID.finditer(text):
+        url = reverse("admin:workflows_task_change", args=[match.group()])
+        pieces += [escape(text[last:match.start()]),
+                   format_html('<a href="{}">{}</a>', url, match.group())]
+        last = match.end()
+    if not pieces:
+        return text
+    return mark_safe("".join([*pieces, escape(text[last:])]))  # noqa: S308 - escaped above
 
 
 def _flatten(problems, *, prefix: str) -> list[str]:

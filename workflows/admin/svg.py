@@ -3,6 +3,10 @@
 Pictures are drawn on the server so the console needs no script and no CDN.
 Every text and attribute goes through `escape`: workflow names, step names and
 errors come from users and must never become markup.
+
+Ink, grid lines and backgrounds are CSS classes (console.css), not fixed
+colours, so a picture follows the admin's light or dark theme; only the state
+colours, which mean the same in both, are written into the SVG.
 """
 
 from __future__ import annotations
@@ -31,7 +35,13 @@ STEP_COLORS = {
     StepState.COMPENSATING: "#c026d3",
     StepState.COMPENSATED: "#0d9488",
     StepState.COMPENSATION_FAILED: "#b91c1c",
+    # Not a stored state: a step whose run a cancel stopped (see task_page).
+    "cancelled": "#475569",
+    # Not a stored state either: a planned step that has not started.
+    "planned": "#cbd5e1",
 }
+# Text tones: CSS classes of console.css, or white on a coloured bar.
+TONES = {"ink": "pilot-ink", "muted": "pilot-ink-muted"}
 
 
 def _attrs(attrs: dict) -> str:
@@ -67,13 +77,20 @@ class Svg:
         self.element("rect", x=x, y=y, width=max(w, 0.0), height=h, **attrs)
         self.parts.append("</g>")
 
-    def text(self, x, y, text: str, **attrs) -> None:
+    def text(self, x, y, text: str, *, tone: str = "ink", **attrs) -> None:
+        """`tone`: "ink" (the page's text colour), "muted", or "light" (white,
+        for text on a coloured bar)."""
         attrs.setdefault("font_size", 11)
-        attrs.setdefault("fill", "#1f2937")
+        if tone == "light":
+            attrs["fill"] = "#ffffff"
+        else:
+            attrs["class_"] = TONES[tone]
         self.element("text", text, x=x, y=y, **attrs)
 
     def line(self, x1, y1, x2, y2, **attrs) -> None:
-        attrs.setdefault("stroke", "#d1d5db")
+        """A grid or axis line in the theme's hairline colour (or `stroke`)."""
+        if "stroke" not in attrs:
+            attrs.setdefault("class_", "pilot-grid")
         self.element("line", x1=x1, y1=y1, x2=x2, y2=y2, **attrs)
 
     def raw(self, markup: str) -> None:

@@ -1,10 +1,11 @@
-"""The task list and the task page (SPEC §9).
+"""The task list and the read-only task page (SPEC §9).
 
 Nobody edits a task here: add, change and delete are refused to everyone,
 superusers included, so the change form can never save a stale row and the
 page is read-only for all. The only ways to change a task are the operator
-actions of `workflows.admin.actions`, reached from the page's buttons or the
-list's bulk actions, both through a confirmation page (`confirm`) and the engine.
+actions of `workflows.admin.actions`, reached from the page's buttons, the
+list's bulk actions or the filter-wide actions, all through a dry run and the
+engine.
 
 Why not django-fsm-2's `FSMAdminMixin`: its change-form path
 (`response_change` with `_fsm_transition_to`) calls the transition without
@@ -18,37 +19,57 @@ change through the engine instead.
 from __future__ import annotations
 
 import uuid
+from urllib.parse import urlencode
 
-from django.contrib import admin
-from django.db.models import Q
-from django.urls import path
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db.models import OuterRef, Q, Subquery
+from django.db.models.functions import Substr
+from django.http import HttpResponseRedirect
+from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.html import format_html
 
-from workflows.admin import confirm, dashboard, trigger, workflows_page
+from workflows.admin import bulk_views, confirm, dashboard, live, trigger, workflows_page
 from workflows.admin.actions import CANCEL, RETRY, RETRY_FROM_START, actions_available
 from workflows.admin.filters import OwnerFilter, WorkflowFilter
-from workflows.admin.inlines import StepCheckpointInline, TaskTransitionInline
-from workflows.admin.text import duration_text, pretty_json, state_badge, timestamp_field
-from workflows.admin.timeline import task_timeline
+from workflows.admin.list_params import list_params_check, problems_text
+from workflows.admin.task_page import task_page
+from workflows.admin.text import (
+    duration_text,
+    pretty_json,
+    state_badge,
+    timestamp,
+    timestamp_field,
+)
 from workflows.models import StepCheckpoint, Task, TaskTransition
-from workflows.selectors import tasks_visible_to
+from workflows.selectors import can_view_all, tasks_visible_to
+from workflows.states import LEASED_STATES, StepState, TaskState
 
-DETAIL_FIELDSETS = [
-    (None, {"fields": ["id", "state_badge", "workflow", "idempotency_key", "owner", "source",
-                       "trace_id"]}),
-    ("Run", {"fields": ["attempts_of_max", "replays", "last_replayed_at", "next_attempt_at",
-                        "lease_owner", "lease_token", "lease_expires_at"]}),
-    ("Times (UTC)", {"fields": ["created", "enqueued", "started", "finished", "duration",
-                                "expires", "updated"]}),
-    ("Payload", {"fields": ["payload_json", "fingerprint"]}),
-    ("Result", {"fields": ["result_json", "error_type", "error"]}),
-]
+ERROR_CHARS = 120
+KEY_CHARS = 28
+
+
+class TaskChangeList(ChangeList):
+    """The list's rows: without payload and result (up to 256 KiB each), with
+    the head of the error and the running step's name (one subquery per row
+    of the page, on step_task_index_uniq)."""
+
+    def get_queryset(self, request, exclude_parameters=None):
+        running_step = (StepCheckpoint.objects.filter(task_id=OuterRef("pk"),
+                                                      state=StepState.RUNNING)
+                        .order_by("-index").values("name")[:1])
+        return (super().get_queryset(request, exclude_parameters)
+                .defer("payload", "result", "error")
+                .annotate(error_head=Substr("error", 1, ERROR_CHARS + 1),
+                          current_step=Subquery(running_step)))
 
 
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
-    list_display = ["short_id", "state_badge", "workflow", "idempotency_key", "owner",
-                    "attempts_of_max", "replays", "age", "duration"]
+    list_display = ["short_id", "state_badge", "workflow_link", "key_short", "owner",
+                    "attempts_of_max", "replays", "age", "duration", "step_or_error"]
     list_display_links = ["short_id"]
     list_filter = ["state", WorkflowFilter, OwnerFilter, ("created_at", admin.DateFieldListFilter)]
     # The search itself is get_search_results; this only turns the search box on.
@@ -61,17 +82,19 @@ class TaskAdmin(admin.ModelAdmin):
     show_full_result_count = False
     ordering = ["-created_at"]
     actions = ["cancel_selected", "retry_selected", "retry_selected_from_start"]
-    fieldsets = DETAIL_FIELDSETS
-    readonly_fields = [name for _, options in DETAIL_FIELDSETS for name in options["fields"]]
-    inlines = [StepCheckpointInline, TaskTransitionInline]
-
-    class Media:
-        css = {"all": ["pilot/console.css"]}
+    readonly_fields = ["payload_json", "fingerprint", "result_json", "source", "trace_id",
+                       "attempts_of_max", "replays", "last_replayed_at", "next_attempt_at",
+                       "lease_owner", "lease_token", "lease_expires_at", "created", "enqueued",
+                       "started", "finished", "duration", "expires", "updated"]
+    object_history_template = "admin/workflows/task/object_history.html"
 
     # --- who may do what --------------------------------------------------------------
 
     def get_queryset(self, request):
         return tasks_visible_to(request.user)
+
+    def get_changelist(self, request, **kwargs):
+        return TaskChangeList
 
     def has_add_permission(self, request):
         return False  # tasks are triggered (trigger form), never typed in
@@ -106,7 +129,7 @@ class TaskAdmin(admin.ModelAdmin):
             match |= Q(pk__in=_uuid_prefix_range(queryset, compact))
         return queryset.filter(match), False
 
-    # --- columns and fields ----------------------------------------------------------------
+    # --- list columns ----------------------------------------------------------------------
 
     @admin.display(description="id", ordering="pk")
     def short_id(self, obj):
@@ -116,19 +139,61 @@ class TaskAdmin(admin.ModelAdmin):
     def state_badge(self, obj):
         return state_badge(obj.state)
 
+    @admin.display(description="workflow", ordering="workflow")
+    def workflow_link(self, obj):
+        return format_html('<a href="?{}" title="tasks of this workflow">{}</a>',
+                           urlencode({"workflow": obj.workflow}), obj.workflow)
+
+    @admin.display(description="key", ordering="idempotency_key")
+    def key_short(self, obj):
+        key = obj.idempotency_key
+        shown = key if len(key) <= KEY_CHARS else key[:KEY_CHARS - 1] + "…"
+        return format_html('<span title="{}">{}</span>', key, shown)
+
     @admin.display(description="attempts")
     def attempts_of_max(self, obj):
         return f"{obj.attempts}/{obj.max_attempts}"
 
     @admin.display(description="age", ordering="created_at")
     def age(self, obj):
-        return duration_text(obj.created_at, timezone.now())
+        return format_html('<span title="created {}">{}</span>', timestamp(obj.created_at),
+                           duration_text(obj.created_at, timezone.now()))
 
     @admin.display(description="duration")
     def duration(self, obj):
         if obj.started_at is None:
             return "–"
         return duration_text(obj.started_at, obj.finished_at or timezone.now())
+
+    @admin.display(description="step / error")
+    def step_or_error(self, obj):
+        """The running step of a running task; the head of the error of a
+        failed or retrying one."""
+        step = getattr(obj, "current_step", None)
+        if obj.state in LEASED_STATES and step:
+            return format_html('<span class="pilot-step-now">▶ {}</span>', step)
+        head = getattr(obj, "error_head", None)
+        if obj.state in (TaskState.FAILED, TaskState.RETRYING) and head:
+            shown = head if len(head) <= ERROR_CHARS else head[:ERROR_CHARS - 1] + "…"
+            return format_html('<span class="pilot-error-head" title="{}">{}</span>', head,
+                               shown)
+        return ""
+
+    # --- the task page's fields (below its live part) ------------------------------------
+
+    def get_fieldsets(self, request, obj=None):
+        run = ["attempts_of_max", "replays", "last_replayed_at", "next_attempt_at", "source",
+               "trace_id", "fingerprint"]
+        if obj is not None and not obj.is_finished:
+            run += ["lease_owner", "lease_token", "lease_expires_at"]
+        return [
+            ("Payload", {"fields": ["payload_json"]}),
+            ("Result", {"fields": ["result_json"]}),
+            ("Run details", {"fields": run, "classes": ["collapse"]}),
+            ("Times (UTC)", {"fields": ["created", "enqueued", "started", "finished",
+                                        "duration", "expires", "updated"],
+                             "classes": ["collapse"]}),
+        ]
 
     created = timestamp_field("created_at", "created")
     enqueued = timestamp_field("enqueued_at", "last enqueued")
@@ -145,25 +210,55 @@ class TaskAdmin(admin.ModelAdmin):
     def result_json(self, obj):
         return pretty_json(obj.result)
 
+    # --- pages -------------------------------------------------------------------------
+
     def changelist_view(self, request, extra_context=None):
+        if not self.has_view_permission(request):
+            raise PermissionDenied("The task list needs the permission workflows.view_task")
+        kept, problems = list_params_check(request.GET)
+        if problems:
+            messages.error(request, f"Filter ignored — {problems_text(problems)}.")
+            query = kept.urlencode()
+            return HttpResponseRedirect(request.path + (f"?{query}" if query else ""))
+        query = request.GET.urlencode()
+        live_default = "on" if request.GET.get("state__exact") in LEASED_STATES else "off"
         return super().changelist_view(request, extra_context={
             **(extra_context or {}),
             "pilot_can_trigger": request.user.has_perm(trigger.TRIGGER_PERMISSION),
-            "pilot_can_see_dashboard": request.user.has_perm("workflows.view_all_tasks"),
+            "pilot_can_see_all": can_view_all(request.user),
+            "pilot_filter_actions": [
+                (a, reverse("admin:workflows_task_bulk", args=[a.name]) + f"?{query}")
+                for a in (CANCEL, RETRY) if a.permitted(request.user)],
+            "live_url": reverse("admin:workflows_task_live") + "?"
+            + urlencode({"view": "list", "params": query}),
+            "live_default": live_default,
+            "live_key": f"list-{request.GET.get('state__exact', 'all')}",
+            "now": timezone.now(),
         })
-
-    # --- the task page -------------------------------------------------------------------
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         task = self.get_object(request, object_id)
         context = dict(extra_context or {})
         if task is not None:
-            transitions = list(TaskTransition.objects.filter(task_id=task.pk).order_by("at", "id"))
-            steps = list(StepCheckpoint.objects.filter(task_id=task.pk).order_by("index"))
-            context["timeline_svg"] = task_timeline(task, transitions, steps, now=timezone.now())
+            context = {**context, **task_page(task, now=timezone.now())}
+            context["badge"] = state_badge(task.state)
             context["operator_actions"] = actions_available(task, request.user)
             context["title"] = f"Task {task.pk}"
+            context["live_url"] = reverse("admin:workflows_task_live") + "?" + urlencode(
+                {"view": "task", "id": str(task.pk)})
+            # A finished task changes only when someone acts on it (and the page then reloads).
+            context["live_default"] = "off" if task.is_finished else "on"
         return super().change_view(request, object_id, form_url, extra_context=context)
+
+    def history_view(self, request, object_id, extra_context=None):
+        """Django's History (the console actions logged for this task) and the
+        task's own transition history, which the engine wrote."""
+        task = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if task is not None:
+            context["transitions"] = list(TaskTransition.objects.filter(task_id=task.pk)
+                                          .order_by("at", "id"))
+        return super().history_view(request, object_id, extra_context=context)
 
     def get_urls(self):
         def view(fn):
@@ -171,9 +266,17 @@ class TaskAdmin(admin.ModelAdmin):
 
         return [
             path("dashboard/", view(dashboard.dashboard_view), name="workflows_task_dashboard"),
+            path("workers/", view(dashboard.workers_view), name="workflows_task_workers"),
+            path("live/", view(live.live_view), name="workflows_task_live"),
             path("trigger/", view(trigger.trigger_view), name="workflows_task_trigger"),
             path("workflows/", view(workflows_page.workflows_view),
                  name="workflows_task_workflows"),
+            path("bulk/<str:action_name>/", view(bulk_views.bulk_confirm_view),
+                 name="workflows_task_bulk"),
+            path("bulk/<str:action_name>/run/", view(bulk_views.bulk_run_view),
+                 name="workflows_task_bulk_run"),
+            path("bulk/<str:action_name>/done/", view(bulk_views.bulk_done_view),
+                 name="workflows_task_bulk_done"),
             path("<path:object_id>/transition/<str:action_name>/",
                  view(confirm.transition_view), name="workflows_task_transition"),
             *super().get_urls(),
@@ -200,4 +303,3 @@ def _uuid_prefix_range(queryset, prefix: str):
     low = uuid.UUID(prefix.ljust(32, "0")[:32])
     high = uuid.UUID(prefix.ljust(32, "f")[:32])
     return queryset.filter(pk__gte=low, pk__lte=high).values("pk")
-

@@ -1,46 +1,61 @@
-"""Every registered workflow: steps, policies, payload fields; the state diagram."""
+"""Every registered workflow: steps, policies, payload fields, its tasks by
+state and failure rate; the state diagram."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from datetime import timedelta
+
 from django.core.exceptions import PermissionDenied
+from django.db.models import Count
 from django.template.response import TemplateResponse
-from rest_framework import serializers
+from django.utils import timezone
 
 from workflows.admin.diagram import state_diagram
+from workflows.admin.schema import payload_fields
+from workflows.admin.text import ttl_text
 from workflows.registry import registry
+from workflows.selectors import can_view_all, tasks_visible_to
+from workflows.states import TaskState
 
-# DRF field classes (and subclasses such as workflows.fields.JSONInteger) by the
-# JSON type a client must send.
-_JSON_TYPES = [
-    (serializers.BooleanField, "boolean"), (serializers.IntegerField, "integer"),
-    (serializers.FloatField, "number"), (serializers.DecimalField, "number"),
-    (serializers.CharField, "string"), (serializers.ListField, "array"),
-    (serializers.DictField, "object"), (serializers.BaseSerializer, "object"),
-]
+RATE_WINDOW = timedelta(hours=24)
 
 
-def _json_type(field) -> str:
-    return next((name for cls, name in _JSON_TYPES if isinstance(field, cls)),
-                type(field).__name__.removesuffix("Field"))
-
-
-def _payload_fields(workflow) -> list[dict]:
-    """Name, JSON type and whether required, from the workflow's DRF serializer."""
-    if workflow.payload_serializer is None:
-        return []
-    return [{"name": name, "type": _json_type(field), "required": field.required}
-            for name, field in workflow.payload_serializer().fields.items()]
+def workflow_counts(user, now) -> tuple[dict, dict]:
+    """({workflow: {state: n}} over the tasks `user` may see, {workflow:
+    (failed, finished)} over those that finished in the last RATE_WINDOW).
+    Two GROUP BY queries."""
+    visible = tasks_visible_to(user).order_by()
+    counts: dict = defaultdict(dict)
+    for workflow, state, n in visible.values_list("workflow", "state").annotate(n=Count("*")):
+        counts[workflow][state] = n
+    recent: dict = defaultdict(lambda: [0, 0])
+    rows = (visible.filter(finished_at__gte=now - RATE_WINDOW)
+            .values_list("workflow", "state").annotate(n=Count("*")))
+    for workflow, state, n in rows:
+        recent[workflow][1] += n
+        if state == TaskState.FAILED:
+            recent[workflow][0] += n
+    return counts, recent
 
 
 def workflows_view(model_admin, request):
     if not model_admin.has_view_permission(request):
-        raise PermissionDenied("The workflows page needs workflows.view_task")
+        raise PermissionDenied("The workflows page needs the permission workflows.view_task")
+    counts, recent = workflow_counts(request.user, timezone.now())
     workflows = []
     for workflow in registry.all():
         described = workflow.describe()
-        described["payload_fields"] = _payload_fields(workflow)
+        described["payload_fields"] = payload_fields(workflow)
         described["plan_note"] = ("runs a prefix of these steps chosen by its payload"
                                   if workflow.plan else "")
+        described["ttl_text"] = ttl_text(workflow.idempotency_ttl)
+        by_state = counts.get(workflow.name, {})
+        described["counts"] = [(s, by_state.get(s, 0)) for s in TaskState.values]
+        described["total"] = sum(by_state.values())
+        failed, finished = recent.get(workflow.name, (0, 0))
+        described["failed_24h"], described["finished_24h"] = failed, finished
+        described["failure_rate"] = f"{100 * failed / finished:.1f} %" if finished else "–"
         workflows.append(described)
     return TemplateResponse(request, "pilot/admin/workflows.html", {
         **model_admin.admin_site.each_context(request),
@@ -48,4 +63,6 @@ def workflows_view(model_admin, request):
         "title": "Workflows",
         "workflows": workflows,
         "diagram": state_diagram(),
+        "all_clients": can_view_all(request.user),
+        "can_trigger": request.user.has_perm("workflows.add_task"),
     })

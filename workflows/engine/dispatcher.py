@@ -129,7 +129,8 @@ def _recover_expired_leases(now, batch, actor, report) -> None:
                       f"{task.lease_expires_at.isoformat()}")
             if task.attempts < task.max_attempts:
                 delay = backoff_delay(policy, task.attempts)
-                store().transition(task, "recover", at=now, actor=actor, reason=reason,
+                store().transition(task, "recover", at=now, actor=actor,
+                                   reason=f"{reason}; retry in {delay:.3f}s",
                                    next_attempt_at=now + timedelta(seconds=delay))
                 report.recovered += 1
             elif owed.get(task.pk):

@@ -72,8 +72,7 @@ def task_cancel(*, task_id, user, reason: str = "", owner_may: bool = True) -> T
         if not plan.allowed:
             raise InvalidTransition(_sentence(plan.summary))
         workflow = registry.find(task.workflow)
-        store().transition(task, "cancel", at=now, actor=actor_for(user),
-                           reason=reason or plan.summary,
+        store().transition(task, "cancel", at=now, actor=actor_for(user), reason=reason,
                            needs_compensation=plan.compensate,
                            now=now,
                            ttl=workflow.idempotency_ttl if workflow else DEFAULT_IDEMPOTENCY_TTL,

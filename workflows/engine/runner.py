@@ -370,7 +370,7 @@ class Run:
                                               compensable=step.compensation is not None)
                 else:
                     row = step_rows.failed(in_flight.index, step.name,
-                                           "cancelled while it ran", now)
+                                           step_rows.CANCELLED_WHILE_RUNNING, now)
                 self.write([row])
             yield from self.compensate()
         except Refused as refused:

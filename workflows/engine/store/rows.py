@@ -20,6 +20,8 @@ from datetime import datetime
 from workflows.states import StepState
 
 MAX_STEP_ERROR = 4000
+# The error of a step a cancel stopped in flight (the console shows it as cancelled).
+CANCELLED_WHILE_RUNNING = "cancelled while it ran"
 
 
 @dataclasses.dataclass(frozen=True)

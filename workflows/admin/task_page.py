@@ -1,0 +1,177 @@
+"""What the task page shows, read once and shaped for its templates; the live
+endpoint renders the same parts again (workflows/admin/live.py). Reads only.
+
+- steps: every step of the run's plan (`registry.find(...).steps_for(payload)`,
+  guarded: a plan may raise after a deploy), each with its checkpoint if it has
+  one, so planned steps not yet started are listed too;
+- "now": for unfinished tasks, what the task is doing or waiting for — the
+  running step with its elapsed time, last heartbeat, saved progress and
+  "step k of n", or the backoff / wait for a worker;
+- history: every transition, with how long each attempt waited before it;
+- replays: when duplicate triggers were absorbed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime, timedelta
+
+from django.conf import settings
+
+from workflows.admin.phases import WAITING, task_phases, waits_before
+from workflows.admin.text import duration_text
+from workflows.admin.timeline import task_timeline
+from workflows.engine.store.rows import CANCELLED_WHILE_RUNNING
+from workflows.models import StepCheckpoint, TaskReplay, TaskTransition
+from workflows.registry import registry
+from workflows.states import StepState, TaskState
+
+# What the runner writes on the step a cancel stopped; such a step is shown as
+# cancelled, not failed.
+CANCELLED_STEP_ERROR = CANCELLED_WHILE_RUNNING
+PROGRESS_CHARS = 300
+MAX_REPLAYS_SHOWN = 50
+
+
+@dataclasses.dataclass
+class StepView:
+    index: int
+    name: str
+    state: str            # a StepState, or "cancelled" / "planned" (display only)
+    attempts: int = 0
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    output: object = None
+    progress: object = None
+    error: str = ""
+    compensation: str | None = None
+    recorded: bool = True  # False: planned, no checkpoint yet
+
+    @property
+    def label(self) -> str:
+        return {"planned": "not started", "cancelled": "cancelled"}.get(self.state, self.state)
+
+    @property
+    def running(self) -> bool:
+        return self.state == StepState.RUNNING
+
+    def duration(self, now: datetime) -> str:
+        return duration_text(self.started_at, self.finished_at or (now if self.running else None))
+
+
+@dataclasses.dataclass
+class NowPanel:
+    kind: str                     # running | cancelling | waiting | backoff
+    since: datetime               # start of what is happening now
+    step: StepView | None = None
+    k: int = 0                    # 1-based position of the running step in the plan
+    n: int = 0                    # steps in the plan (0: unknown)
+    remaining: list = dataclasses.field(default_factory=list)
+    heartbeat_at: datetime | None = None
+    lease_expires_at: datetime | None = None
+    worker: str = ""
+    progress_text: str = ""
+    due_at: datetime | None = None
+
+
+def task_plan(task) -> tuple[list | None, str]:
+    """(the steps this task's run executes, "") or (None, why not)."""
+    workflow = registry.find(task.workflow)
+    if workflow is None:
+        return None, f"workflow {task.workflow} is not registered in this process"
+    try:
+        return list(workflow.steps_for(task.payload)), ""
+    except Exception as exc:  # noqa: BLE001 - a workflow's plan is user code
+        return None, f"its plan raised {type(exc).__name__}: {exc}"[:300]
+
+
+def _was_cancelled(transitions: list) -> bool:
+    return any(t.transition == "cancel" for t in transitions)
+
+
+def _view(cp: StepCheckpoint, cancelled: bool, compensation: str | None) -> StepView:
+    state = cp.state
+    if state == StepState.FAILED and cancelled and cp.error == CANCELLED_STEP_ERROR:
+        state = "cancelled"
+    return StepView(cp.index, cp.name, state, cp.attempts, cp.started_at, cp.finished_at,
+                    cp.output, cp.progress, cp.error, compensation)
+
+
+def step_views(checkpoints: list, plan: list | None, transitions: list) -> list[StepView]:
+    """The plan's steps in order, each with its checkpoint if any; checkpoints
+    beyond the plan (the workflow changed) are kept, never hidden."""
+    cancelled = _was_cancelled(transitions)
+    by_index = {cp.index: cp for cp in checkpoints}
+    views = []
+    for index, step in enumerate(plan or []):
+        compensation = getattr(step.compensation, "__name__", None)
+        cp = by_index.pop(index, None)
+        views.append(_view(cp, cancelled, compensation) if cp is not None else
+                     StepView(index, step.name, "planned", compensation=compensation,
+                              recorded=False))
+    views.extend(_view(cp, cancelled, None) for cp in sorted(by_index.values(),
+                                                             key=lambda c: c.index))
+    views.sort(key=lambda v: v.index)
+    return views
+
+
+def _progress_text(progress) -> str:
+    if progress is None:
+        return ""
+    text = json.dumps(progress, sort_keys=True, ensure_ascii=False)
+    return text if len(text) <= PROGRESS_CHARS else text[:PROGRESS_CHARS - 1] + "…"
+
+
+def now_panel(task, steps: list[StepView], plan: list | None, phases: list) -> NowPanel | None:
+    """What an unfinished task is doing right now; None once it has finished."""
+    if task.is_finished:
+        return None
+    current = phases[-1]
+    if task.state in (TaskState.RUNNING, TaskState.CANCELLING):
+        running = next((s for s in reversed(steps) if s.running), None)
+        lease = task.lease_expires_at
+        panel = NowPanel(
+            kind=task.state, since=running.started_at if running and running.started_at
+            else current.start, step=running, n=len(plan) if plan is not None else 0,
+            lease_expires_at=lease, worker=task.lease_owner,
+            # The lease is renewed at each heartbeat to now + PILOT_LEASE_SECONDS.
+            heartbeat_at=lease - timedelta(seconds=settings.PILOT_LEASE_SECONDS)
+            if lease else None)
+        if running is not None:
+            panel.k = running.index + 1
+            panel.remaining = [s.name for s in steps if s.index > running.index
+                               and s.state in ("planned", StepState.PENDING)]
+            panel.progress_text = _progress_text(running.progress)
+        return panel
+    if current.kind == WAITING:
+        return NowPanel(kind="waiting", since=current.start, n=len(plan or []),
+                        remaining=[s.name for s in steps if s.state != StepState.SUCCEEDED])
+    return NowPanel(kind="backoff", since=current.start, due_at=task.next_attempt_at,
+                    n=len(plan or []))
+
+
+def task_page(task, *, now: datetime) -> dict:
+    """The task page's live part, as a template context: three queries (history,
+    checkpoints, replays) and the plan from the registry."""
+    transitions = list(TaskTransition.objects.filter(task_id=task.pk).order_by("at", "id"))
+    checkpoints = list(StepCheckpoint.objects.filter(task_id=task.pk).order_by("index"))
+    replays = list(TaskReplay.objects.filter(task_id=task.pk).order_by("-at")
+                   [:MAX_REPLAYS_SHOWN])
+    plan, plan_error = task_plan(task)
+    steps = step_views(checkpoints, plan, transitions)
+    phases = task_phases(task, transitions, end=task.finished_at or now)
+    waits = waits_before(phases)
+    history = [{"t": t, "note": waits.get(t.at, "") if t.transition == "claim" else ""}
+               for t in transitions]
+    return {
+        "task": task,
+        "now": now,
+        "steps": steps,
+        "plan_error": plan_error,
+        "panel": now_panel(task, steps, plan, phases),
+        "history": history,
+        "replays": replays,
+        "timeline_svg": task_timeline(task, phases, steps, now=now),
+        "workflow_known": registry.find(task.workflow) is not None,
+    }

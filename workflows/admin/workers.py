@@ -1,0 +1,208 @@
+"""Reads for the Workers & queue panel: django-q2's clusters, the broker's
+queue, and what PILOT's tasks are waiting for. Nothing here writes.
+
+- Clusters come from django-q2's own status records (`Stat`): every cluster
+  saves one every guard cycle (0.5 s) with a 3 s expiry, so the ones present
+  are the ones alive. With the Redis broker they live in Redis; with the ORM
+  broker in the `djangoq` cache, which pilot/settings.py makes the shared
+  database cache so that this web process can read what the workers wrote.
+  The ORM case is read here with one `get_many` and no write, where
+  `Stat.get_all()` would also rewrite its key list on every read.
+- A worker is busy when a task's lease names it: the lease owner is
+  `<host>:<pid>` of the worker process that claimed it (engine/leases.py).
+- The queue: the ORM broker's `OrmQ` rows (waiting = lock in the past; a
+  delivered message is locked until django-q2's `retry` passes) or the Redis
+  list `django_q:<cluster name>:q`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from datetime import datetime
+
+from django.core.cache import caches
+from django.db.models import Count, Min, OuterRef, Q, Subquery
+from django_q.conf import Conf
+from django_q.signing import BadSignature, SignedPackage
+
+from workflows.engine.enqueue import broker, uses_orm_broker
+from workflows.models import StepCheckpoint, Task
+from workflows.observability.events import emit
+from workflows.states import LEASED_STATES, StepState, TaskState
+
+# Redis: how many messages at the head of the list are decoded to find the
+# oldest (front-pushed retries sit before the oldest new trigger).
+REDIS_SAMPLE = 200
+MAX_RUNNING_SHOWN = 200
+
+
+@dataclasses.dataclass(frozen=True)
+class RunningStep:
+    name: str
+    started_at: datetime | None
+
+
+@dataclasses.dataclass
+class WorkerRow:
+    pid: int
+    tasks: list  # the Task rows this worker holds a lease on (running or cancelling)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.tasks)
+
+
+@dataclasses.dataclass
+class ClusterRow:
+    name: str
+    host: str
+    pid: int
+    status: str
+    started_at: datetime | None
+    reported_at: datetime | None
+    reincarnations: int
+    prefetched: int  # messages taken from the broker, not yet given to a worker
+    workers: list[WorkerRow]
+
+    @property
+    def busy(self) -> int:
+        return sum(w.busy for w in self.workers)
+
+
+@dataclasses.dataclass
+class QueueState:
+    broker: str                     # "ORM (database)" or "Redis"
+    key: str
+    waiting: int | None             # messages not yet delivered
+    in_flight: int | None           # ORM only: delivered, locked until acknowledged
+    oldest_enqueued_at: datetime | None
+    error: str = ""
+
+
+@dataclasses.dataclass
+class WorkStatus:
+    clusters: list[ClusterRow]
+    queue: QueueState
+    pending: int
+    oldest_pending_at: datetime | None
+    due_retries: int
+    in_backoff: int
+    running: list          # Task rows running or cancelling, with .current_step
+    orphans: list          # running tasks whose lease owner no live cluster reports
+    stats_error: str = ""
+
+    @property
+    def workers_total(self) -> int:
+        return sum(len(c.workers) for c in self.clusters)
+
+    @property
+    def workers_busy(self) -> int:
+        return sum(c.busy for c in self.clusters)
+
+
+def _stat_packs() -> list:
+    """The signed status records of the live clusters (read only)."""
+    if uses_orm_broker():
+        cache = caches[Conf.CACHE]
+        keys = cache.get(Conf.Q_STAT) or []
+        return list(cache.get_many(keys).values()) if keys else []
+    return broker().get_stats(f"{Conf.Q_STAT}:*") or []
+
+
+def cluster_stats() -> tuple[list, str]:
+    """([django_q Stat, …], error text): unreadable records are skipped; a
+    store that cannot be read is reported, not raised (the panel still shows
+    the queue and the tasks)."""
+    try:
+        packs = _stat_packs()
+    except Exception as exc:  # noqa: BLE001 - any cache or Redis failure
+        emit("worker_stats_unavailable", level=logging.WARNING,
+             error=f"{type(exc).__name__}: {exc}"[:300])
+        return [], f"cluster status unavailable: {type(exc).__name__}"
+    stats = []
+    for pack in packs:
+        try:
+            stats.append(SignedPackage.loads(pack))
+        except BadSignature:  # signed with another secret: another installation's
+            continue
+        except Exception:  # noqa: BLE001,S112 - written by another django-q2 version
+            continue
+    return stats, ""
+
+
+def queue_state(now: datetime) -> QueueState:
+    """Depth and oldest message of this cluster's queue on the broker in use."""
+    try:
+        if uses_orm_broker():
+            from django_q.models import OrmQ
+
+            b = broker()
+            rows = OrmQ.objects.using(Conf.ORM).filter(key=b.list_key).aggregate(
+                waiting=Count("pk", filter=Q(lock__lte=now)),
+                in_flight=Count("pk", filter=Q(lock__gt=now)),
+                oldest=Min("lock", filter=Q(lock__lte=now)))
+            return QueueState("ORM (database)", b.list_key, rows["waiting"], rows["in_flight"],
+                              rows["oldest"])
+        b = broker()
+        depth = b.connection.llen(b.list_key)
+        oldest = None
+        for raw in b.connection.lrange(b.list_key, 0, REDIS_SAMPLE - 1):
+            try:
+                started = SignedPackage.loads(raw).get("started")
+            except Exception:  # noqa: BLE001,S112 - a foreign message: skip it
+                continue
+            if isinstance(started, datetime) and (oldest is None or started < oldest):
+                oldest = started
+        return QueueState("Redis", b.list_key, depth, None, oldest)
+    except Exception as exc:  # noqa: BLE001 - a broker outage is shown, not raised
+        return QueueState("ORM (database)" if uses_orm_broker() else "Redis", "", None, None,
+                          None, error=f"{type(exc).__name__}: {exc}"[:200])
+
+
+def _running_tasks() -> list:
+    """Running and cancelling tasks, oldest first, each with `current_step`
+    (its running checkpoint's name and start, or None): one query."""
+    running = StepCheckpoint.objects.filter(task_id=OuterRef("pk"), state=StepState.RUNNING
+                                            ).order_by("-index")
+    tasks = list(Task.objects.filter(state__in=LEASED_STATES).select_related("owner")
+                 .defer("payload", "result", "error")
+                 .annotate(step_name=Subquery(running.values("name")[:1]),
+                           step_started_at=Subquery(running.values("started_at")[:1]))
+                 .order_by("started_at", "pk")[:MAX_RUNNING_SHOWN])
+    for task in tasks:
+        task.current_step = (RunningStep(task.step_name, task.step_started_at)
+                             if task.step_name else None)
+    return tasks
+
+
+def work_status(now: datetime) -> WorkStatus:
+    """Everything the panel shows, in a handful of queries whatever the load."""
+    stats, stats_error = cluster_stats()
+    running = _running_tasks()
+    by_owner: dict[str, list] = {}
+    for task in running:
+        by_owner.setdefault(task.lease_owner, []).append(task)
+    clusters, known = [], set()
+    for stat in sorted(stats, key=lambda s: (s.host, str(s.cluster_id))):
+        workers = []
+        for pid in stat.workers:
+            owner = f"{stat.host}:{pid}"
+            known.add(owner)
+            workers.append(WorkerRow(pid, by_owner.get(owner, [])))
+        clusters.append(ClusterRow(
+            name=str(getattr(stat, "cluster_id", "")), host=stat.host, pid=stat.pid,
+            status=str(stat.status), started_at=getattr(stat, "tob", None),
+            reported_at=getattr(stat, "timestamp", None),
+            reincarnations=stat.reincarnations, prefetched=stat.task_q_size,
+            workers=workers))
+    orphans = [t for t in running if t.lease_owner and t.lease_owner not in known]
+    waiting = Task.objects.filter(state__in=[TaskState.PENDING, TaskState.RETRYING]).aggregate(
+        pending=Count("pk", filter=Q(state=TaskState.PENDING)),
+        oldest=Min("created_at", filter=Q(state=TaskState.PENDING)),
+        due=Count("pk", filter=Q(state=TaskState.RETRYING, next_attempt_at__lte=now)),
+        backoff=Count("pk", filter=Q(state=TaskState.RETRYING, next_attempt_at__gt=now)))
+    return WorkStatus(clusters=clusters, queue=queue_state(now), pending=waiting["pending"],
+                      oldest_pending_at=waiting["oldest"], due_retries=waiting["due"],
+                      in_backoff=waiting["backoff"], running=running, orphans=orphans,
+                      stats_error=stats_error)
