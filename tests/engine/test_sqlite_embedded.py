@@ -92,7 +92,7 @@ def test_a_heartbeat_blocked_by_another_tasks_atomic_step_costs_no_attempt(owner
     waits), task Y heartbeats. The renewal cannot get the lock within the busy
     timeout; it is skipped — Y's lease, renewed moments ago, still holds — and
     Y's step goes on. It used to fail the step with `database is locked`."""
-    x_holds, y_beat = threading.Event(), threading.Event()
+    y_running, x_holds, y_beat = threading.Event(), threading.Event(), threading.Event()
     wf_x = temp_workflow("t.sqlite_holder", max_attempts=1)
     wf_y = temp_workflow("t.sqlite_beater", max_attempts=1)
 
@@ -105,6 +105,7 @@ def test_a_heartbeat_blocked_by_another_tasks_atomic_step_costs_no_attempt(owner
 
     @wf_y.step
     def beat(ctx):
+        y_running.set()
         assert x_holds.wait(30)
         ctx.heartbeat(force=True)
         y_beat.set()
@@ -115,6 +116,7 @@ def test_a_heartbeat_blocked_by_another_tasks_atomic_step_costs_no_attempt(owner
     pop_queued()
     reports = {}
     y_thread = _worker(lambda: reports.update(y=task_run(task_id=y.pk, worker="y")))
+    assert y_running.wait(30)  # Y claimed and is in its step: no lock held
     x_thread = _worker(lambda: reports.update(x=task_run(task_id=x.pk, worker="x")))
     x_thread.join(60)
     y_thread.join(60)

@@ -2,7 +2,8 @@
 
 One pass (`dispatch_once`) reads the database's clock once and then:
 
-1. recovers expired leases of `running` tasks: `recover` (→ retrying, the lost
+1. recovers expired leases of `running` tasks — the step that was running is
+   recorded failed ("interrupted") — then `recover` (→ retrying, the lost
    attempt counts) while attempts remain; with none left — a poison task that
    kills its worker every time — `compensate` (→ compensating, for a worker to
    undo its succeeded steps) when something is owed, else `fail`;
@@ -127,6 +128,10 @@ def _recover_expired_leases(now, batch, actor, report) -> None:
             policy, ttl = _policy_and_ttl(task)
             reason = (f"lease held by {task.lease_owner or '?'} expired at "
                       f"{task.lease_expires_at.isoformat()}")
+            # No worker runs its step any more: say so (the next attempt rewrites it).
+            StepCheckpoint.objects.filter(task_id=task.pk, state=StepState.RUNNING).update(
+                state=StepState.FAILED, error=f"interrupted: its worker was lost ({reason})",
+                finished_at=now)
             if task.attempts < task.max_attempts:
                 delay = backoff_delay(policy, task.attempts)
                 store().transition(task, "recover", at=now, actor=actor,

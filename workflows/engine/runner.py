@@ -146,10 +146,14 @@ class Run:
             self.report.outcome = "error"
 
     def _run(self) -> Iterator[str]:
-        claimed = self.store.claim(self.task_id, worker=self.worker, lease=lease_length())
+        # A claim has no side effect before it commits: a connection error (or
+        # SQLite's busy writer) is retried like a read.
+        claimed = self._read(lambda: self.store.claim(self.task_id, worker=self.worker,
+                                                      lease=lease_length()))
         compensating = claimed is None
         if compensating:
-            claimed = self.store.resume(self.task_id, worker=self.worker, lease=lease_length())
+            claimed = self._read(lambda: self.store.resume(self.task_id, worker=self.worker,
+                                                           lease=lease_length()))
         if claimed is None:
             self.report.outcome = "skipped"
             return
