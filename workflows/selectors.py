@@ -22,8 +22,9 @@ def can_view_all(user) -> bool:
 
 
 def tasks_visible_to(user):
-    """Every task `user` may see: their own, or all with view_all_tasks."""
-    qs = Task.objects.all()
+    """Every task `user` may see: their own, or all with view_all_tasks (with
+    their replay counts)."""
+    qs = Task.objects.with_replays()
     return qs if can_view_all(user) else qs.filter(owner=user)
 
 

@@ -7,7 +7,7 @@ import pytest
 from tests.helpers import purge_queue, queued_task_ids, run_at_once
 from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
 from workflows.errors import IdempotencyKeyReused
-from workflows.models import Task
+from workflows.models import Task, TaskReplay
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -73,4 +73,4 @@ def test_overlapping_batches_racing_do_not_deadlock_or_duplicate(owner, enough_c
         tasks = Task.objects.count()
         assert created == tasks
         assert len(queued_task_ids()) == tasks
-        assert sum(Task.objects.values_list("replays", flat=True)) == 40 * 150 - tasks
+        assert sum(TaskReplay.objects.values_list("count", flat=True)) == 40 * 150 - tasks

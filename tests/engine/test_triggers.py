@@ -306,3 +306,45 @@ def test_a_thousand_item_batch_takes_a_bounded_number_of_queries(
     assert outcomes.count("idempotency_key_invalid") == 50
     assert Task.objects.count() == 900
     assert len(queued_task_ids()) == 800
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_replay_never_writes_the_task_row_its_worker_fences_on(trigger):
+    """Issue 10, item 11: a replay storm used to rewrite the task row (replays + 1)
+    that the task's worker fences every write on. Now a replay only appends to
+    its log: it goes through while another transaction holds the row, and the
+    row is unchanged."""
+    import threading
+
+    from django.db import connection, connections, transaction
+
+    first = trigger().task
+    before = Task.objects.filter(pk=first.pk).values().get()
+    holding, release = threading.Event(), threading.Event()
+
+    def hold():
+        with transaction.atomic():
+            # An atomic step's fence, held until the step commits.
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT id FROM workflows_task WHERE id = %s FOR SHARE",
+                               [first.pk])
+            holding.set()
+            release.wait(30)
+        connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(30)
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '2s'")
+            replays = [trigger() for _ in range(3)]
+    finally:
+        release.set()
+        holder.join(30)
+    assert [r.outcome for r in replays] == ["replayed"] * 3
+    assert [r.task.replays for r in replays] == [1, 2, 3]
+    assert Task.objects.filter(pk=first.pk).values().get() == before
+    assert Task.objects.with_replays().get(pk=first.pk).pilot_replays == 3

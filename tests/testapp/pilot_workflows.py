@@ -31,3 +31,15 @@ def two(ctx):
 @noop3.step
 def three(ctx):
     return 3
+
+
+misuse = define_workflow("test.signals", max_attempts=2, backoff_initial=0.1, backoff_max=0.2,
+                         description="A step that raises the engine's own control-flow "
+                                     "signal (a BaseException django-q2 does not catch).")
+
+
+@misuse.step
+def signal(ctx):
+    from workflows.errors import LeaseLost
+
+    raise LeaseLost("a workflow raising the worker's own signal")

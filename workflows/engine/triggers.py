@@ -37,7 +37,7 @@ from collections import defaultdict
 
 from django.conf import settings
 from django.db import OperationalError, transaction
-from django.db.models import F
+from django.db.models import Max, Sum
 from django.db.models.functions import Now
 
 from workflows.engine.audit import actor_for
@@ -276,8 +276,6 @@ def _decide_all(owner, prepared: list[_Prepared], source: str, trace_id: str) ->
                 continue
             if kind == REPLAYED:
                 replay_counts[task.pk] += 1
-                task.replays += 1
-                task.last_replayed_at = now
             else:
                 restarted.append(task)
             outcomes[item.index] = TriggerOutcome(kind, task)
@@ -354,16 +352,20 @@ def _decide(task: Task, item: _Prepared, owner, now) -> str:
 
 
 def _record_replays(replay_counts: dict, rows: dict[str, Task], now) -> None:
-    if not replay_counts:
-        return
-    by_increment: dict[int, list] = defaultdict(list)
-    for task_id, n in replay_counts.items():
-        by_increment[n].append(task_id)
-    for n, ids in by_increment.items():
-        Task.objects.filter(pk__in=ids).update(replays=F("replays") + n, last_replayed_at=now)
-    workflows = {task.pk: task.workflow for task in rows.values()}
-    TaskReplay.objects.bulk_create([TaskReplay(task_id=pk, workflow=workflows[pk], count=n, at=now)
-                                    for pk, n in replay_counts.items()])
+    """Append the replays to their log (never to the task row the worker fences
+    on) and give every task of the batch its replay count, in two statements."""
+    if replay_counts:
+        workflows = {task.pk: task.workflow for task in rows.values()}
+        TaskReplay.objects.bulk_create([
+            TaskReplay(task_id=pk, workflow=workflows[pk], count=n, at=now)
+            for pk, n in replay_counts.items()])
+    counts = {row["task_id"]: row for row in TaskReplay.objects.filter(
+        task_id__in=[task.pk for task in rows.values()]).order_by().values("task_id").annotate(
+        n=Sum("count"), last=Max("at"))}
+    for task in rows.values():
+        row = counts.get(task.pk)
+        task.pilot_replays = row["n"] if row else 0
+        task.pilot_last_replayed_at = row["last"] if row else None
 
 
 def _report(outcomes: dict) -> None:

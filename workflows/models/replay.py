@@ -1,10 +1,12 @@
 """TaskReplay: when duplicate triggers were absorbed (for the dashboard).
 
-`Task.replays` counts them; this append-only log says *when*, so the operator
-console can chart duplicates absorbed per hour. One row per trigger call that
-replayed (a batch that repeats a key n times writes one row with count n).
-Append-only, so concurrent replays of one task never contend on a row; cleanup
-deletes the rows with their task.
+This append-only log is the record of replays: `Task.replays` and
+`Task.last_replayed_at` are read from it, and the operator console charts
+duplicates absorbed per hour. One row per trigger call that replayed (a batch
+that repeats a key n times writes one row with count n). Append-only, so a
+replay storm on one key never writes the task row its worker fences on, and
+concurrent replays never contend on a row; cleanup deletes the rows with their
+task.
 """
 
 from django.db import models

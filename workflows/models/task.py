@@ -63,6 +63,20 @@ class TaskQuerySet(models.QuerySet):
         """Held by a worker whose lease ran out before `now` (a database time)."""
         return self.filter(state__in=LEASED_STATES, lease_expires_at__lt=now)
 
+    def with_replays(self):
+        """Each task with `replays` and `last_replayed_at` read from its replay log
+        in the same query (one index probe per task)."""
+        from django.db.models import IntegerField, OuterRef, Subquery, Sum
+        from django.db.models.functions import Coalesce
+
+        from workflows.models.replay import TaskReplay
+
+        log = TaskReplay.objects.filter(task_id=OuterRef("pk")).order_by().values("task_id")
+        return self.annotate(
+            pilot_replays=Coalesce(Subquery(log.annotate(n=Sum("count")).values("n")),
+                                   0, output_field=IntegerField()),
+            pilot_last_replayed_at=Subquery(log.annotate(m=models.Max("at")).values("m")))
+
 
 class Task(ConcurrentTransitionMixin, models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -83,8 +97,6 @@ class Task(ConcurrentTransitionMixin, models.Model):
     lease_token = models.PositiveBigIntegerField(default=0)
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
-    replays = models.PositiveIntegerField(default=0)
-    last_replayed_at = models.DateTimeField(null=True, blank=True)
     source = models.CharField(max_length=10, choices=Source.choices, default=Source.API)
     trace_id = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
@@ -142,6 +154,33 @@ class Task(ConcurrentTransitionMixin, models.Model):
         return f"{self.workflow} {self.idempotency_key} ({self.state})"
 
     # --- derived --------------------------------------------------------------------
+
+    # Duplicate triggers absorbed. A replay only appends to the TaskReplay log —
+    # it never writes this row, which the task's worker fences on — so the count
+    # is read from the log: annotated by `with_replays()` (selectors, the admin),
+    # set by the trigger that replayed, or read here once.
+    @property
+    def replays(self) -> int:
+        self._load_replays()
+        return self.__dict__["pilot_replays"]
+
+    @property
+    def last_replayed_at(self) -> datetime | None:
+        self._load_replays()
+        return self.__dict__["pilot_last_replayed_at"]
+
+    def refresh_from_db(self, *args, **kwargs):
+        self.__dict__.pop("pilot_replays", None)  # read the log again when next asked
+        self.__dict__.pop("pilot_last_replayed_at", None)
+        super().refresh_from_db(*args, **kwargs)
+
+    def _load_replays(self) -> None:
+        if "pilot_replays" not in self.__dict__:
+            from workflows.models.replay import TaskReplay
+
+            log = TaskReplay.objects.filter(task_id=self.pk).aggregate(
+                n=models.Sum("count"), last=models.Max("at"))
+            self.pilot_replays, self.pilot_last_replayed_at = log["n"] or 0, log["last"]
 
     @property
     def is_finished(self) -> bool:

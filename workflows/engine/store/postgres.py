@@ -160,6 +160,7 @@ class PostgresStore(OrmStore):
         created = self._run("create_task", params)
         if created is not None:
             task.created_at = task.updated_at = task.enqueued_at = created[0]
+            task.pilot_replays, task.pilot_last_replayed_at = 0, None
             return "created", task
         rows = list(Task.objects.raw(QUERIES["replay"], params))
         if not rows:

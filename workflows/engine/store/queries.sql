@@ -180,28 +180,27 @@ SELECT state, lease_token FROM workflows_task WHERE id = %(task_id)s;
 -- the database's. A row back: this call created it.
 INSERT INTO workflows_task
        (id, owner_id, idempotency_key, workflow, payload, fingerprint, state, error,
-        error_type, attempts, max_attempts, lease_token, lease_owner, replays, source,
+        error_type, attempts, max_attempts, lease_token, lease_owner, source,
         trace_id, created_at, updated_at, enqueued_at)
 VALUES (%(id)s, %(owner_id)s, %(key)s, %(workflow)s, %(payload)s::jsonb, %(fingerprint)s,
-        'pending', '', '', 0, %(max_attempts)s, 0, '', 0, %(source)s, %(trace_id)s,
+        'pending', '', '', 0, %(max_attempts)s, 0, '', %(source)s, %(trace_id)s,
         statement_timestamp(), statement_timestamp(), statement_timestamp())
 ON CONFLICT (owner_id, idempotency_key) DO NOTHING
 RETURNING created_at;
 
 -- name: replay
 -- A trigger for a key that exists, as the same request, in a state that replays
--- (pending, running, retrying, compensating, or succeeded and not expired): count
--- the replay and log when, return the task with its steps. The UPDATE takes the
--- row lock and re-checks its WHERE under it. No row back: the general path decides.
+-- (pending, running, retrying, compensating, or succeeded and not expired): log
+-- the replay (append-only: the task row, which its worker fences on, is not
+-- written), return the task with its steps and its replay count. No row back:
+-- the general path decides.
 WITH rep AS (
-    UPDATE workflows_task
-       SET replays = replays + 1, last_replayed_at = statement_timestamp()
+    SELECT * FROM workflows_task
      WHERE owner_id = %(owner_id)s AND idempotency_key = %(key)s
        AND fingerprint = %(fingerprint)s
        AND (state IN ('pending', 'running', 'retrying', 'compensating')
             OR (state = 'succeeded'
                 AND (expires_at IS NULL OR expires_at > statement_timestamp())))
-    RETURNING *
 ), logged AS (
     INSERT INTO workflows_taskreplay (task_id, workflow, count, at)
     SELECT id, workflow, 1, statement_timestamp() FROM rep
@@ -212,7 +211,11 @@ SELECT rep.*,
                    'attempts', s.attempts, 'output', s.output, 'error', s.error,
                    'started_at', s.started_at, 'finished_at', s.finished_at)
                 ORDER BY s."index")
-          FROM workflows_stepcheckpoint s WHERE s.task_id = rep.id) AS pilot_steps
+          FROM workflows_stepcheckpoint s WHERE s.task_id = rep.id) AS pilot_steps,
+       -- the log as it was before this statement, plus this replay
+       1 + (SELECT COALESCE(sum(r.count), 0) FROM workflows_taskreplay r
+             WHERE r.task_id = rep.id) AS pilot_replays,
+       statement_timestamp() AS pilot_last_replayed_at
   FROM rep;
 
 -- name: transition

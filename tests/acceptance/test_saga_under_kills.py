@@ -1,0 +1,159 @@
+"""Sagas and poison tasks under fire, with real processes on PostgreSQL
+(docs/design.md, "Compensation", "Worker isolation").
+
+50 `demo.saga` that fail and compensate slowly, while their owner tries to
+cancel them mid-compensation; 20 more that are cancelled while they run; 30
+`demo.crash` poison tasks that kill their worker on every attempt and must be
+compensated — while a qcluster process group is SIGKILLed every 2 s and a new
+one started. Afterwards: every task has ended, every ledger is exact (each
+effect once, each compensation once), the kills landed on running work (the
+dispatcher had to recover leases), and no worker process died of an escaped
+exception."""
+
+import threading
+import time
+import uuid
+from collections import Counter
+
+import pytest
+from django.db import connections
+
+from tests.procs import Fleet, wait_until
+from workflows.engine.operations import task_cancel
+from workflows.engine.triggers import task_trigger
+from workflows.errors import InvalidTransition
+from workflows.models import DemoLedger, Task, TaskTransition
+from workflows.states import FINISHED_STATES
+from workflows.states import TaskState as S
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+LEASE, POLL = 3.0, 0.2
+KILL_EVERY = 2.0
+
+
+@pytest.fixture
+def fleet():
+    fleet = Fleet(PILOT_LEASE_SECONDS=LEASE, PILOT_HEARTBEAT_SECONDS=0.5,
+                  PILOT_DISPATCHER_POLL_SECONDS=POLL, PILOT_REENQUEUE_SECONDS=3,
+                  PILOT_Q_WORKERS=2)
+    yield fleet
+    fleet.stop_all()
+
+
+def _trigger(owner, workflow, payload):
+    return task_trigger(owner=owner, key=uuid.uuid4().hex, workflow=workflow,
+                        payload=payload).task.pk
+
+
+def _ledgers() -> dict:
+    found: dict = {}
+    for task, action in DemoLedger.objects.values_list("task", "action"):
+        found.setdefault(task, Counter())[action] += 1
+    return found
+
+
+def _canceller(owner, ids, when, stop, refused, accepted):
+    """The owner cancels each task once it is `when`: compensating (refused: it
+    is undoing its work) or running (accepted: its steps will be undone)."""
+    try:
+        pending = set(ids)
+        while pending and not stop.is_set():
+            for task_id, state in Task.objects.filter(pk__in=pending).values_list("pk",
+                                                                                  "state"):
+                if state != when:
+                    continue
+                try:
+                    task_cancel(task_id=task_id, user=owner)
+                    accepted.append(task_id)
+                except InvalidTransition:
+                    refused.append(task_id)
+                pending.discard(task_id)
+            time.sleep(0.05)
+    finally:
+        connections.close_all()
+
+
+def test_sagas_and_poison_tasks_keep_every_ledger_exact_under_sigkills(owner, fleet):
+    fleet.dispatcher()
+    groups = [fleet.workers(), fleet.workers()]
+    failing = [_trigger(owner, "demo.saga", {"fail": True, "step_seconds": 0.2,
+                                             "compensate_seconds": 0.3})
+               for _ in range(50)]
+    cancelled = [_trigger(owner, "demo.saga", {"fail": False, "step_seconds": 0.5,
+                                               "compensate_seconds": 0.3}) for _ in range(20)]
+    poison = [_trigger(owner, "demo.crash", {"crash_times": 100, "compensate": True})
+              for _ in range(30)]
+    every = failing + cancelled + poison
+    stop, refused, accepted = threading.Event(), [], []
+    threads = [threading.Thread(target=_canceller,
+                                args=(owner, ids, when, stop, refused, accepted))
+               for ids, when in ((failing, S.COMPENSATING), (cancelled, S.RUNNING))]
+    for thread in threads:
+        thread.start()
+    kills, deadline = 0, time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:
+            if Task.objects.filter(pk__in=every, state__in=FINISHED_STATES).count() == len(every):
+                break
+            time.sleep(KILL_EVERY)
+            victim = groups.pop(0)
+            victim.kill()
+            kills += 1
+            groups.append(fleet.workers())
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    wait_until(lambda: Task.objects.filter(pk__in=every, state__in=FINISHED_STATES).count()
+               == len(every), 120, interval=0.5, what="every task to end")
+
+    states = dict(Task.objects.filter(pk__in=every).values_list("pk", "state"))
+    ledgers = _ledgers()
+    # The kills hit running work: leases had to be recovered, beyond the poison tasks' own.
+    recovered = set(TaskTransition.objects.filter(transition="recover").values_list(
+        "task_id", flat=True))
+    assert kills >= 5 and recovered - set(poison), (kills, len(recovered))
+
+    for task_id in failing:  # failed for good; a cancel mid-compensation changes nothing
+        assert states[task_id] == S.FAILED
+        assert ledgers[task_id] == Counter(reserve=1, charge=1, refund=1, release=1), \
+            (task_id, ledgers[task_id])
+    assert set(refused) & set(failing), "no cancel landed during a compensation"
+    assert not set(accepted) & set(failing)
+
+    for task_id in cancelled:  # each effect at most once; each undone exactly once
+        ledger, state = ledgers.get(task_id, Counter()), states[task_id]
+        assert all(n == 1 for n in ledger.values()), (task_id, ledger)
+        if state == S.CANCELLED:
+            assert ledger["reserve"] == ledger["release"] and ledger["charge"] == ledger["refund"]
+            assert ledger["confirm"] == 0
+        else:
+            assert state == S.SUCCEEDED and set(ledger) == {"reserve", "charge", "confirm"}
+    assert [t for t in accepted if states[t] == S.CANCELLED], "no cancel landed while running"
+
+    for task_id in poison:  # failed after exactly its 3 attempts, prepare undone once
+        task = Task.objects.get(pk=task_id)
+        assert (task.state, task.attempts) == (S.FAILED, 3), (task_id, task.state, task.error)
+        assert ledgers[task_id] == Counter(prepare=1, unprepare=1), (task_id, ledgers[task_id])
+
+    # Worker processes die of demo.crash's os._exit (on purpose) and of the
+    # SIGKILLs; never of an exception escaping a task.
+    for proc in fleet.procs:
+        assert "Traceback (most recent call last)" not in proc.log(), proc.name
+
+
+def test_a_step_raising_the_workers_own_signal_does_not_kill_the_worker(owner, fleet):
+    """django-q2's worker loop catches only Exception: a BaseException escaping
+    task_run would kill the worker process and leave its message unacknowledged."""
+    from tests.procs import group_pids
+
+    fleet.dispatcher()
+    group = fleet.workers()
+    wait_until(lambda: len(group_pids(group.popen.pid)) >= 5, 30, what="the cluster to start")
+    before = set(group_pids(group.popen.pid))
+    ids = [_trigger(owner, "test.signals", {"i": i}) for i in range(4)]
+    wait_until(lambda: Task.objects.filter(pk__in=ids, state=S.FAILED).count() == 4, 90,
+               interval=0.2, what="the tasks to end")
+    assert set(group_pids(group.popen.pid)) == before  # no worker was reincarnated
+    assert "Traceback (most recent call last)" not in group.log()
