@@ -74,3 +74,77 @@ def test_overlapping_batches_racing_do_not_deadlock_or_duplicate(owner, enough_c
         assert created == tasks
         assert len(queued_task_ids()) == tasks
         assert sum(TaskReplay.objects.values_list("count", flat=True)) == 40 * 150 - tasks
+
+
+# Three more races an engine review tried (they held); kept so they keep holding.
+RACERS = 16
+
+
+def _fail(owner, key):
+    from tests.helpers import pop_queued
+    from workflows.worker import run_task
+
+    task = task_trigger(owner=owner, key=key, workflow="demo.saga", payload={"fail": True}).task
+    [message] = pop_queued()
+    assert run_task(message) == "failed"
+    return task
+
+
+def test_identical_re_triggers_of_a_failed_task_restart_it_once(owner):
+    from workflows.models import TaskTransition
+
+    for round_no in range(5):
+        key = f"failed-{round_no}"
+        task = _fail(owner, key)
+        results = run_at_once(RACERS, lambda i, key=key: task_trigger(
+            owner=owner, key=key, workflow="demo.saga", payload={"fail": True}))
+        assert [r for r in results if isinstance(r, BaseException)] == []
+        outcomes = sorted(r.outcome for r in results)
+        assert outcomes.count("restarted") == 1 and outcomes.count("replayed") == RACERS - 1
+        assert queued_task_ids().count(str(task.pk)) == 1
+        assert TaskTransition.objects.filter(task_id=task.pk, transition="retry").count() == 1
+        purge_queue()
+
+
+def test_identical_triggers_of_an_expired_key_create_one_new_task(owner):
+    from datetime import timedelta
+
+    from django.db.models.functions import Now
+
+    from tests.helpers import pop_queued
+    from workflows.worker import run_task
+
+    for round_no in range(5):
+        key = f"expired-{round_no}"
+        old = task_trigger(owner=owner, key=key, workflow="demo.echo", payload={}).task
+        [message] = pop_queued()
+        assert run_task(message) == "succeeded"
+        Task.objects.filter(pk=old.pk).update(expires_at=Now() - timedelta(seconds=1))
+        results = run_at_once(RACERS, lambda i, key=key: task_trigger(
+            owner=owner, key=key, workflow="demo.echo", payload={}))
+        assert [r for r in results if isinstance(r, BaseException)] == []
+        outcomes = sorted(r.outcome for r in results)
+        assert outcomes.count("created") == 1 and outcomes.count("replayed") == RACERS - 1
+        assert Task.objects.filter(idempotency_key=key).count() == 1
+        assert len(queued_task_ids()) == 1
+        purge_queue()
+
+
+def test_batches_repeating_keys_racing_single_triggers_make_one_task_per_key(owner):
+    keys = [f"d{i}" for i in range(30)]
+
+    def act(i):
+        if i % 2:
+            return task_trigger_many(owner=owner, requests=[
+                TriggerRequest("demo.echo", {"k": k}, k) for k in keys + keys[::-1]])
+        return [task_trigger(owner=owner, key=k, workflow="demo.echo", payload={"k": k})
+                for k in keys[i::3]]
+
+    results = run_at_once(RACERS, act)
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    flat = [outcome for result in results for outcome in result]
+    assert sum(o.outcome == "created" for o in flat) == 30
+    assert Task.objects.count() == 30
+    assert sorted(queued_task_ids()) == sorted(str(t) for t in Task.objects.values_list(
+        "pk", flat=True))
+    assert sum(TaskReplay.objects.values_list("count", flat=True)) == len(flat) - 30

@@ -4,6 +4,7 @@ step's COMMIT can be lost while the commit happened, and a COMMIT can fail
 re-reads before it decides; a succeeded checkpoint is never downgraded, and the
 in-memory task never claims a state the database does not have."""
 
+import contextlib
 import uuid
 
 import pytest
@@ -18,19 +19,39 @@ from workflows.worker import run_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-LOST_REPLY = OperationalError("server closed the connection unexpectedly")
+@contextlib.contextmanager
+def lost_commit_reply(monkeypatch):
+    """While armed (`armed["on"] = True`), the next COMMIT goes through on the
+    server but its reply is lost: the client sees the connection error."""
+    armed = {"on": False}
+    real = connection.commit
+
+    def commit():
+        real()
+        if armed["on"]:
+            armed["on"] = False
+            raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(connection, "commit", commit)
+    try:
+        yield armed
+    finally:
+        monkeypatch.undo()
 
 
-def test_a_lost_reply_to_an_atomic_steps_commit_does_not_run_it_again(owner, temp_workflow):
+def test_a_lost_reply_to_an_atomic_steps_commit_does_not_run_it_again(owner, temp_workflow,
+                                                                      monkeypatch):
     """Item 2: the server committed the step (rows and checkpoint), the reply
     was lost. The worker re-reads, finds the checkpoint, and goes on: 7 rows,
     not 14, and the step stays succeeded."""
     batch = uuid.uuid4().hex[:8]
     wf = temp_workflow("t.lost_reply", max_attempts=3, backoff_initial=0, backoff_max=0)
 
+
     @wf.step(atomic=True)
     def write(ctx):
         DemoOrder.objects.bulk_create([DemoOrder(batch=batch, n=n) for n in range(7)])
+        armed["on"] = True  # this step's COMMIT loses its reply
         return 7
 
     @wf.step
@@ -39,7 +60,7 @@ def test_a_lost_reply_to_an_atomic_steps_commit_does_not_run_it_again(owner, tem
 
     task = task_trigger(owner=owner, key=batch, workflow="t.lost_reply", payload={}).task
     [message] = pop_queued()
-    with faults.armed("after_atomic_commit", error=LOST_REPLY):
+    with lost_commit_reply(monkeypatch) as armed:
         assert run_task(message) == "succeeded"
     task.refresh_from_db()
     assert (task.state, task.result, task.attempts) == (S.SUCCEEDED, 7, 1)
@@ -48,18 +69,19 @@ def test_a_lost_reply_to_an_atomic_steps_commit_does_not_run_it_again(owner, tem
 
 
 def test_a_lost_reply_to_the_last_atomic_steps_commit_ends_the_run_succeeded(
-        owner, temp_workflow):
+        owner, temp_workflow, monkeypatch):
     batch = uuid.uuid4().hex[:8]
     wf = temp_workflow("t.lost_last", max_attempts=3, backoff_initial=0, backoff_max=0)
 
     @wf.step(atomic=True)
     def write(ctx):
         DemoOrder.objects.bulk_create([DemoOrder(batch=batch, n=n) for n in range(3)])
+        armed["on"] = True
         return 3
 
     task = task_trigger(owner=owner, key=batch, workflow="t.lost_last", payload={}).task
     [message] = pop_queued()
-    with faults.armed("after_atomic_commit", error=LOST_REPLY):
+    with lost_commit_reply(monkeypatch) as armed:
         assert run_task(message) == "succeeded"
     assert Task.objects.get(pk=task.pk).state == S.SUCCEEDED
     assert DemoOrder.objects.filter(batch=batch).count() == 3

@@ -20,7 +20,6 @@ from django.db import connection, connections
 from tests.helpers import pop_queued
 from workflows.engine.claims import task_claim
 from workflows.engine.runner import task_run
-from workflows.engine.store import store
 from workflows.engine.triggers import task_trigger
 from workflows.models import DemoOrder, StepCheckpoint, Task
 
@@ -139,6 +138,7 @@ def test_a_claim_that_loses_the_race_returns_nothing(owner, monkeypatch):
         assert task_claim(task_id=self.pk, worker="B") is not None  # B wins meanwhile
         return real(self, now)
 
+    from workflows.engine.store import store
     from workflows.engine.store.orm import OrmStore
 
     ours = store() if isinstance(store(), OrmStore) and type(store()).claim is OrmStore.claim \
