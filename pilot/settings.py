@@ -272,6 +272,10 @@ PILOT_HEARTBEAT_SECONDS = env_float(
     "PILOT_HEARTBEAT_SECONDS", min(5.0, PILOT_LEASE_SECONDS / 3), minimum=0.1
 )
 PILOT_DISPATCHER_POLL_SECONDS = env_float("PILOT_DISPATCHER_POLL_SECONDS", 1.0, minimum=0.05)
+# After the task its message named, a worker goes on claiming the next due task from
+# the database (the queue) for up to this long before it takes its next message
+# (docs/design.md, "The queue"); 0: one task per message.
+PILOT_DRAIN_SECONDS = env_float("PILOT_DRAIN_SECONDS", 5.0, minimum=0)
 # A pending task unclaimed this long is enqueued again (its message may be lost).
 PILOT_REENQUEUE_SECONDS = env_float("PILOT_REENQUEUE_SECONDS", 10.0, minimum=0.5)
 PILOT_Q_WORKERS = env_int("PILOT_Q_WORKERS", 2, minimum=1)

@@ -42,7 +42,7 @@ def transition_kwargs(name: str, task: Task | None = None) -> dict:
         "fail": {"error": "boom", "error_type": "NonRetryableError", "now": now, "ttl": TTL},
         "cancel": {"needs_compensation": False, "now": now, "ttl": TTL},
         "finish_cancel": {"now": now, "ttl": TTL},
-        "retry": {"budget": 3},
+        "retry": {"budget": 3, "now": now},
     }[name]
 
 
@@ -54,7 +54,8 @@ def make_task(owner, *, state=S.PENDING, workflow="demo.echo", payload=None, key
         task = Task.objects.create(
             owner=owner, idempotency_key=key or uuid.uuid4().hex, workflow=workflow,
             payload=payload, fingerprint=fingerprint(workflow, payload),
-            max_attempts=max_attempts, created_at=now, updated_at=now, enqueued_at=now)
+            max_attempts=max_attempts, created_at=now, updated_at=now, enqueued_at=now,
+            next_attempt_at=now)
         for name in PATHS[state]:
             store().transition(task, name, at=now, actor="test", **transition_kwargs(name, task))
     assert task.state == state

@@ -44,6 +44,8 @@ def process_env(**overrides) -> dict:
         "PILOT_DISPATCHER_POLL_SECONDS": "0.2",
         "PILOT_REENQUEUE_SECONDS": "3",
         "PILOT_Q_WORKERS": "2",
+        # Worker processes drain the queue after each message, as in production.
+        "PILOT_TEST_DRAIN_SECONDS": "5",
         "PYTHONUNBUFFERED": "1",
     })
     if settings.REDIS_URL:

@@ -11,10 +11,15 @@ import os
 
 os.environ.setdefault("DJANGO_SECRET_KEY", "test-only-secret-key-not-for-production-0123456789")
 os.environ.setdefault("PILOT_Q_CLUSTER_NAME", "pilot-test")
+# In-process tests drive one delivery at a time (run_task runs the task it names, then
+# returns); the worker processes the suite starts drain the queue as in production.
+os.environ.setdefault("PILOT_TEST_DRAIN_SECONDS", "0")
 # The demo workflows are the suite's fixtures (and those of the processes it starts).
 os.environ.setdefault("PILOT_DEMO_WORKFLOWS", "true")
 
 from pilot.settings import *  # noqa: E402,F403
+
+PILOT_DRAIN_SECONDS = float(os.environ["PILOT_TEST_DRAIN_SECONDS"])
 
 # Test users are created by the hundred; production-strength hashing would make
 # each one cost ~0.2 s of CPU and prove nothing.

@@ -1,5 +1,6 @@
-"""django-q2 entry points. Thin: the engine does the work (STYLE)."""
+"""django-q2 entry points. Thin: the engine does the work (docs/design.md)."""
 
+from django.conf import settings
 from django.db import close_old_connections
 
 from workflows.engine import faults
@@ -7,8 +8,10 @@ from workflows.engine.runner import task_run
 
 
 def run_task(task_id: str) -> str:
-    """Claim and run one task; a duplicate or stale message is a no-op ("skipped")."""
+    """Claim and run the task the message names (a duplicate or stale message is
+    a no-op: "skipped"), then — the database is the queue — go on with the next
+    due tasks for up to PILOT_DRAIN_SECONDS. Returns the named task's outcome."""
     close_old_connections()  # a restarted database costs a reconnect, not a failure
-    report = task_run(task_id=task_id)
+    report = task_run(task_id=task_id, drain_seconds=settings.PILOT_DRAIN_SECONDS)
     faults.fault_point("before_ack")
     return report.outcome

@@ -91,7 +91,8 @@ def test_a_lost_message_is_resent_after_ten_database_seconds(owner, skew, second
     pop_queued()
     skew(seconds)
     assert dispatch_once().reenqueued == 0
-    Task.objects.filter(pk=task.pk).update(enqueued_at=Now() - timedelta(seconds=11))
+    Task.objects.filter(pk=task.pk).update(enqueued_at=Now() - timedelta(seconds=11),
+                                           next_attempt_at=Now() - timedelta(seconds=11))
     assert dispatch_once().reenqueued == 1
 
 

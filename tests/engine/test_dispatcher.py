@@ -96,15 +96,46 @@ def test_the_next_due_retry_is_reported_so_the_loop_can_wake_for_it(start, temp_
     assert report.next_due == due or due <= timezone.now()
 
 
+def _waited(task, seconds):
+    from django.db.models.functions import Now
+
+    Task.objects.filter(pk=task.pk).update(enqueued_at=Now() - timedelta(seconds=seconds),
+                                           next_attempt_at=Now() - timedelta(seconds=seconds))
+
+
 def test_a_pending_task_whose_message_was_lost_is_enqueued_again(start, settings):
     task = start()
     pop_queued()  # the message is lost
     assert dispatch_once().reenqueued == 0  # too early to tell it from a slow one
-    Task.objects.filter(pk=task.pk).update(
-        enqueued_at=timezone.now() - timedelta(seconds=settings.PILOT_REENQUEUE_SECONDS + 1))
+    _waited(task, settings.PILOT_REENQUEUE_SECONDS + 1)
     assert dispatch_once().reenqueued == 1
     assert dispatch_once().reenqueued == 0
     assert queued_task_ids() == [str(task.pk)]
+
+
+def test_a_task_queued_behind_others_gets_no_second_message(start, settings):
+    """Issue 16: under a backlog every pending task used to be re-sent every
+    10 s — a duplicate storm exactly when the system was overloaded. Workers take
+    due tasks from the table, so while they are claiming, nothing is re-sent;
+    when nobody has claimed anything for as long, a few messages wake them."""
+    from workflows.engine.runner import task_run
+
+    backlog = [start() for _ in range(10)]
+    pop_queued()
+    for age, task in enumerate(reversed(backlog)):  # the first triggered is the oldest
+        _waited(task, settings.PILOT_REENQUEUE_SECONDS + 5 + age)
+    busy = start()
+    assert task_run(task_id=busy.pk, worker="w").outcome == "succeeded"  # a claim just now
+    pop_queued()
+    assert dispatch_once().reenqueued == 0
+    assert queued_task_ids() == []
+    TaskTransition.objects.filter(transition="claim").update(
+        at=timezone.now() - timedelta(seconds=settings.PILOT_REENQUEUE_SECONDS + 1))
+    report = dispatch_once()
+    from workflows.engine.dispatcher import WAKE_MESSAGES
+
+    assert report.reenqueued == WAKE_MESSAGES
+    assert queued_task_ids() == [str(t.pk) for t in backlog[:WAKE_MESSAGES]]  # oldest first
 
 
 def test_a_cancelling_task_whose_worker_died_is_finished(start, owner, temp_workflow):

@@ -38,7 +38,8 @@ def test_a_trigger_survives_a_redis_outage_and_the_dispatcher_enqueues_it_later(
     assert Task.objects.filter(pk=outcome.task.pk).exists()
     assert "enqueue_failed" in caplog.text
     assert queued_task_ids() == []
-    Task.objects.filter(pk=outcome.task.pk).update(
-        enqueued_at=timezone.now() - timedelta(seconds=settings.PILOT_REENQUEUE_SECONDS + 1))
+    long_ago = timezone.now() - timedelta(seconds=settings.PILOT_REENQUEUE_SECONDS + 1)
+    Task.objects.filter(pk=outcome.task.pk).update(enqueued_at=long_ago,
+                                                   next_attempt_at=long_ago)
     assert dispatch_once().reenqueued == 1
     assert queued_task_ids() == [str(outcome.task.pk)]

@@ -18,7 +18,7 @@ from workflows.engine.runner import RunReport, task_run
 from workflows.engine.store import store
 from workflows.engine.triggers import task_trigger
 from workflows.errors import CancelRequested, LeaseLost, RetryableError
-from workflows.models import StepCheckpoint, Task
+from workflows.models import StepCheckpoint, Task, TaskTransition
 from workflows.registry import registry
 from workflows.states import TaskState as S
 from workflows.worker import run_task
@@ -114,6 +114,19 @@ def test_taking_over_the_cancel_of_a_removed_workflow_records_what_is_left(
     assert StepCheckpoint.objects.get(task_id=task.pk, name="a").state == "compensation_failed"
 
 
+def _lost_long_ago(task):
+    """Its message was lost, and it has waited long enough, with nobody claiming
+    anything, for the dispatcher to wake the workers."""
+    from datetime import timedelta
+
+    from django.db.models.functions import Now
+
+    Task.objects.filter(pk=task.pk).update(enqueued_at=None,
+                                           next_attempt_at=Now() - timedelta(minutes=1))
+    TaskTransition.objects.filter(transition="claim").update(
+        at=Now() - timedelta(minutes=1))
+
+
 def _raise_retryable(ctx):
     raise RetryableError("later")
 
@@ -129,7 +142,7 @@ def test_one_failing_row_does_not_stop_the_dispatcher(owner, monkeypatch):
         task_claim(task_id=task.pk, worker="dead")
         expire_lease(task.pk)
     lost = trigger(owner, "demo.echo")
-    Task.objects.filter(pk=lost.pk).update(enqueued_at=None)
+    _lost_long_ago(lost)
     real = type(store()).transition
     bad = tasks[1].pk
 
@@ -189,7 +202,7 @@ def test_a_task_whose_plan_now_raises_can_be_cancelled_and_does_not_stall_others
     task = trigger(owner, "t.planned")
     assert task_run(task_id=task.pk, worker="A").outcome == "retrying"
     other = trigger(owner, "demo.echo")
-    Task.objects.filter(pk=other.pk).update(enqueued_at=None)
+    _lost_long_ago(other)
     broken[0] = True
     assert task_cancel(task_id=task.pk, user=owner).state == S.CANCELLING
     pop_queued()

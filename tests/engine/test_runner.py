@@ -263,3 +263,21 @@ def test_the_step_context_carries_the_stable_step_key_and_progress(start, temp_w
     assert task.result == {"done_from": 4}
     assert seen == [(f"{task.pk}:resumable", 1, None),
                     (f"{task.pk}:resumable", 2, {"cursor": 4})]
+
+
+def test_a_worker_drains_the_due_tasks_after_the_one_its_message_named(start, settings):
+    """The database is the queue: one message keeps a worker going while work is
+    due, in due order; messages only wake workers up."""
+    from workflows.engine.runner import tasks_drain
+
+    tasks = [start("demo.echo", {"n": n}) for n in range(5)]
+    messages = pop_queued()
+    settings.PILOT_DRAIN_SECONDS = 10
+    assert run_task(messages[0]) == "succeeded"
+    assert {Task.objects.get(pk=t.pk).state for t in tasks} == {S.SUCCEEDED}
+    claims = TaskTransition.objects.filter(transition="claim").order_by("id")
+    assert [c.task_id for c in claims] == [t.pk for t in tasks]  # in trigger order
+    assert run_task(messages[1]) == "skipped"  # a message for work already done
+    import time
+
+    assert tasks_drain(until=time.monotonic() + 10) == 0

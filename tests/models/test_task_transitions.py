@@ -96,7 +96,7 @@ def test_claim_counts_the_attempt_and_fences_with_a_new_token(owner):
 def test_retry_grants_a_fresh_budget_while_attempts_keep_counting(owner):
     task = make_task(owner, state=S.FAILED, max_attempts=1)
     with transaction.atomic():
-        transition_apply(task, "retry", actor="user:op", budget=3)
+        transition_apply(task, "retry", actor="user:op", **transition_kwargs("retry"))
     task.refresh_from_db()
     assert (task.state, task.attempts, task.max_attempts) == (S.PENDING, 1, 4)
     assert task.error == "" and task.finished_at is None and task.expires_at is None
@@ -146,7 +146,7 @@ def test_cancel_and_retry_make_a_new_version_so_the_same_state_never_recurs(owne
     task = make_task(owner)
     stale = Task.objects.get(pk=task.pk)
     transition_apply(task, "cancel", actor="user:op", **transition_kwargs("cancel"))
-    transition_apply(task, "retry", actor="user:op", budget=3)
+    transition_apply(task, "retry", actor="user:op", **transition_kwargs("retry"))
     assert (task.state, task.lease_token) == (S.PENDING, 2)
     with pytest.raises(ConcurrentTransition):
         transition_apply(stale, "claim", actor="worker", **transition_kwargs("claim"))

@@ -81,20 +81,19 @@ def test_a_task_life_is_logged_as_json_lines_with_the_expected_fields(owner, tem
         assert abs(stamp - timezone.now()) < timedelta(minutes=1)
         assert record["timestamp"].endswith("Z")
     events = [r["event"] for r in records]
-    for name in ("task_triggered", "task_replayed", "trigger_refused", "task_claimed",
-                 "step_finished", "retry_scheduled", "task_transitioned"):
+    for name in ("task_triggered", "task_replayed", "trigger_refused", "retry_scheduled",
+                 "task_transitioned"):
         assert name in events, (name, events)
-    assert "step_started" not in events  # DEBUG: step_finished carries it at INFO
+    # DEBUG, not INFO: per-step and per-claim lines are volume (the transitions say it).
+    for name in ("step_started", "step_finished", "task_claimed"):
+        assert name not in events
     task_id = str(outcome.task.pk)
     mine = [r for r in records if r.get("task_id") == task_id]
     # Everything about the task carries its trace id and workflow.
     assert {(r["trace_id"], r["workflow"]) for r in mine} == {("trace-abc", "test.logged")}
-    finished = [r for r in mine if r["event"] == "step_finished"]
-    assert [(r["step"], r["attempt"]) for r in finished] == [("first", 2)]
-    assert finished[0]["duration_ms"] >= 0
-    claims = [r for r in mine if r["event"] == "task_claimed"]
+    claims = [r for r in mine if r["event"] == "task_transitioned" and
+              r["transition"] == "claim"]
     assert [r["attempt"] for r in claims] == [1, 2]
-    assert all(r["queue_lag_seconds"] >= 0 for r in claims)
     refused = next(r for r in records if r["event"] == "trigger_refused")
     assert refused["code"] == "idempotency_key_reused"
     retry = next(r for r in mine if r["event"] == "retry_scheduled")

@@ -79,7 +79,8 @@ def test_dispatcher_actions_are_counted(owner):
     before = value(scrape(), "pilot_dispatcher_actions_total", action="reenqueued")
     task = task_trigger(owner=owner, key="lost", workflow="demo.echo", payload={}).task
     pop_queued()  # the message is lost
-    Task.objects.filter(pk=task.pk).update(enqueued_at=timezone.now() - timedelta(minutes=5))
+    Task.objects.filter(pk=task.pk).update(enqueued_at=timezone.now() - timedelta(minutes=5),
+                                           next_attempt_at=timezone.now() - timedelta(minutes=5))
     assert dispatch_once().reenqueued == 1
     assert value(scrape(), "pilot_dispatcher_actions_total", action="reenqueued") == before + 1
 

@@ -11,8 +11,10 @@ One pass (`dispatch_once`) reads the database's clock once and then:
    phases (compensating / cancelling) nobody holds — orphaned by a dead
    worker, deferred by a compensation's backoff, or cancelled while waiting;
    a `cancelling` task with nothing to compensate is finished here;
-3. re-enqueues `pending` tasks left unclaimed for PILOT_REENQUEUE_SECONDS
-   (their message may be lost; if it was only slow, the duplicate is a no-op).
+3. wakes the workers when due `pending` tasks have waited PILOT_REENQUEUE_SECONDS
+   and no worker has claimed anything for as long (their messages were lost, or
+   every worker restarted): a few messages, since each woken worker drains the
+   queue. A task merely queued behind others gets no second message.
 
 Each scan is one short transaction over SELECT … FOR UPDATE SKIP LOCKED, so
 any number of dispatchers on any number of machines can run at once without
@@ -41,12 +43,15 @@ from workflows.engine.enqueue import enqueue_on_commit
 from workflows.engine.leases import worker_id
 from workflows.engine.plans import owed_compensations
 from workflows.engine.store import store
-from workflows.models import StepCheckpoint, Task
+from workflows.models import StepCheckpoint, Task, TaskTransition
 from workflows.observability.events import emit, emit_on_commit
 from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, RetryPolicy, registry
 from workflows.states import COMPENSATION_STATES, StepState, TaskState
 
 BATCH = 200
+# Messages that wake idle workers when due work waits and nobody claims any: each
+# woken worker drains the queue, so a few wake the whole fleet.
+WAKE_MESSAGES = 4
 _DEFAULT_POLICY = RetryPolicy(max_attempts=1, initial=1.0, factor=2.0, max_delay=300.0)
 
 
@@ -92,9 +97,12 @@ def dispatch_once(*, batch: int = BATCH, actor: str | None = None) -> DispatchRe
     return report
 
 
-def _locked(qs, batch: int, report: DispatchReport) -> list[Task]:
-    rows = list(qs.select_for_update(skip_locked=True).order_by()[:batch])
-    report.full = report.full or len(rows) == batch
+def _locked(qs, batch: int, report: DispatchReport | None) -> list[Task]:
+    """Up to `batch` rows of `qs`, locked, skipping rows others hold; a full batch
+    says (on `report`) that the loop should run again at once."""
+    rows = list(qs.select_for_update(skip_locked=True)[:batch])
+    if report is not None:
+        report.full = report.full or len(rows) == batch
     return rows
 
 
@@ -205,10 +213,26 @@ def _enqueue_due(now, batch, actor, report) -> None:
 
 
 def _reenqueue_lost(now, batch, report) -> None:
+    """Wake the workers when due work waits and nobody is taking any.
+
+    Workers take the next due task from the table after every message (the
+    database is the queue), so a task queued behind others is not lost: it is
+    claimed when a worker gets to it, and sending it another message would only
+    be a duplicate. Work is only stranded when its message was lost and no
+    worker is claiming anything; then a few messages, for the oldest due tasks,
+    wake workers that drain the rest."""
+    stale = _stale(now)
+    waiting = Task.objects.filter(_needs_message(now), state=TaskState.PENDING,
+                                  next_attempt_at__lt=stale)
+    if not waiting.exists():
+        return
+    last_claim = (TaskTransition.objects.filter(transition="claim").order_by("-at")
+                  .values_list("at", flat=True).first())
+    if last_claim is not None and last_claim >= stale:
+        return  # workers are claiming: they will get to it
     with transaction.atomic():
-        ids = [t.pk for t in _locked(Task.objects.filter(_needs_message(now),
-                                                         state=TaskState.PENDING).only("pk"),
-                                     batch, report)]
+        ids = [t.pk for t in _locked(waiting.order_by("next_attempt_at").only("pk"),
+                                     WAKE_MESSAGES, None)]
         if ids:
             Task.objects.filter(pk__in=ids).update(enqueued_at=now)
             enqueue_on_commit(ids, front=True)

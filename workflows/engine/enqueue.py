@@ -73,7 +73,9 @@ def enqueue_rollback_unsafe(task_ids: Iterable, *, front: bool = False) -> int:
         OrmQ.objects.using(Conf.ORM).bulk_create(
             [OrmQ(key=b.list_key, payload=p, lock=now) for p in packages])
     elif front:
-        b.connection.lpush(b.list_key, *packages)  # django-q2's pusher pops from the left
+        # django-q2's pusher pops from the left: push the last first, so the
+        # first given is the first taken.
+        b.connection.lpush(b.list_key, *reversed(packages))
     else:
         b.connection.rpush(b.list_key, *packages)
     return len(packages)

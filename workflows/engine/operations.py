@@ -117,7 +117,7 @@ def task_restart(task: Task, *, actor: str, from_start: bool = False, reason: st
             state=StepState.SUCCEEDED, compensation_attempts=0)
     now = task.pilot_db_now
     store().transition(task, "retry", at=now, actor=actor,
-                       reason=reason or plan.summary, budget=plan.budget,
+                       reason=reason or plan.summary, budget=plan.budget, now=now,
                        set_fields={"enqueued_at": now})
 
 

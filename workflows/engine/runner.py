@@ -71,9 +71,9 @@ WRITE_PATIENCE_SECONDS = 5.0
 
 @dataclasses.dataclass
 class RunReport:
-    task_id: str
-    # skipped | succeeded | retrying | failed | cancelled | deferred | lease_lost |
-    # interrupted | error
+    task_id: str | None
+    # idle (nothing due) | skipped | succeeded | retrying | failed | cancelled | deferred |
+    # lease_lost | interrupted | error
     outcome: str = ""
     steps_run: list[str] = dataclasses.field(default_factory=list)
     compensations_run: list[str] = dataclasses.field(default_factory=list)
@@ -103,20 +103,57 @@ def describe(exc: BaseException) -> tuple[str, str]:
     return text, type(exc).__name__
 
 
-def task_run(*, task_id, worker: str | None = None) -> RunReport:
+def task_run(*, task_id, worker: str | None = None, drain_seconds: float = 0.0) -> RunReport:
     """Claim and run one task; never raises. A second call while the first runs,
     or for a finished, missing or not-yet-due task, returns "skipped" and
-    changes nothing."""
-    run = Run(task_id, worker or worker_id())
-    with log_context(task_id=str(task_id)):
-        for _ in run.steps():
-            pass
+    changes nothing.
+
+    With `drain_seconds`, go on — the database is the queue — claiming and
+    running the next due task, in due order, for up to that long or until none
+    is due: one message keeps a worker busy while work is due, and messages only
+    wake workers up. Each run's success claims the next task in the same
+    statement. Returns the report of the task the call named."""
+    worker = worker or worker_id()
+    deadline = time.monotonic() + drain_seconds if drain_seconds else None
+    run = _drive(Run(task_id, worker, chain_until=deadline))
+    if deadline is not None:
+        tasks_drain(worker=worker, until=deadline, first=run.next_claimed)
     return run.report
 
 
+def tasks_drain(*, worker: str | None = None, until: float, first=None) -> int:
+    """Claim and run due tasks until the monotonic time `until` or until none is
+    due (a task already claimed, `first`, runs whatever the time). Returns how
+    many ran; never raises."""
+    worker, ran, claimed = worker or worker_id(), 0, first
+    while claimed is not None or time.monotonic() < until:
+        run = _drive(Run(None, worker, claimed=claimed, chain_until=until))
+        if run.report.outcome in ("idle", "error", "interrupted"):
+            break
+        ran += 1
+        claimed = run.next_claimed
+    return ran
+
+
+def _drive(run: Run) -> Run:
+    with log_context(task_id=run.task_id):
+        for _ in run.steps():
+            pass
+    return run
+
+
 class Run:
-    def __init__(self, task_id, worker: str):
-        self.task_id = str(task_id)
+    """One run: of task `task_id`, of a task already `claimed`, or (neither) of
+    the next due task, if any. With `chain_until` (a monotonic deadline not yet
+    passed) its success also claims the next due task (`next_claimed`)."""
+
+    def __init__(self, task_id, worker: str, *, claimed=None, chain_until: float | None = None):
+        if claimed is not None:
+            task_id = claimed.task.pk
+        self.task_id = str(task_id) if task_id is not None else None
+        self.claimed = claimed
+        self.chain_until = chain_until
+        self.next_claimed = None
         self.worker = worker
         self.actor = f"worker:{worker}"
         self.report = RunReport(self.task_id)
@@ -148,12 +185,23 @@ class Run:
     def _run(self) -> Iterator[str]:
         # A claim has no side effect before it commits: a connection error (or
         # SQLite's busy writer) is retried like a read.
-        claimed = self._read(lambda: self.store.claim(self.task_id, worker=self.worker,
-                                                      lease=lease_length()))
-        compensating = claimed is None
-        if compensating:
-            claimed = self._read(lambda: self.store.resume(self.task_id, worker=self.worker,
-                                                           lease=lease_length()))
+        if self.claimed is not None:
+            claimed, compensating = self.claimed, False
+        elif self.task_id is None:
+            claimed = self._read(lambda: self.store.claim_next(worker=self.worker,
+                                                               lease=lease_length()))
+            if claimed is None:
+                self.report.outcome = "idle"
+                return
+            self.task_id = self.report.task_id = str(claimed.task.pk)
+            compensating = False
+        else:
+            claimed = self._read(lambda: self.store.claim(self.task_id, worker=self.worker,
+                                                          lease=lease_length()))
+            compensating = claimed is None
+            if compensating:
+                claimed = self._read(lambda: self.store.resume(
+                    self.task_id, worker=self.worker, lease=lease_length()))
         if claimed is None:
             self.report.outcome = "skipped"
             return
@@ -184,7 +232,10 @@ class Run:
         self.clock = DbClock(claimed.db_now)
         lag = ((claimed.db_now - claimed.enqueued_at).total_seconds()
                if claimed.enqueued_at else None)
-        emit_on_commit("task_claimed", task_id=str(self.task.pk), workflow=self.task.workflow,
+        # DEBUG: the claim's own line is its transition (task_transitioned); the queue
+        # lag reaches the metrics either way.
+        emit_on_commit("task_claimed", level=logging.DEBUG, task_id=str(self.task.pk),
+                       workflow=self.task.workflow,
                        attempt=self.task.attempts, state=self.task.state,
                        queue_lag_seconds=lag, worker=self.worker,
                        trace_id=self.task.trace_id or None)
@@ -229,7 +280,9 @@ class Run:
                 yield from self._attempt_failed(index, step, failure.exc)
                 return
             self.in_flight = None
-            self._emit("step_finished", step=step.name,
+            # DEBUG: a line per step is volume, not news (the audit trail and the
+            # step-duration histogram, which still sees every event, carry it).
+            self._emit("step_finished", level=logging.DEBUG, step=step.name,
                        duration_ms=round((time.monotonic() - started) * 1000, 3))
             self.report.steps_run.append(step.name)
             self.succeeded_here.append(index)
@@ -273,7 +326,9 @@ class Run:
         done = step_rows.succeeded(index, step.name, output, now,
                                    compensable=step.compensation is not None)
         if following is None:
-            self.transition("succeed", result=output, now=now, ttl=self.ttl(), steps=[done])
+            chain = self.chain_until is not None and time.monotonic() < self.chain_until
+            self.next_claimed = self.transition("succeed", result=output, now=now,
+                                                ttl=self.ttl(), steps=[done], then_claim=chain)
             return
         nxt = step_rows.started(following, self.plan.steps[following].name,
                                 self.plan.attempts_of(following) + 1, now)
@@ -396,18 +451,22 @@ class Run:
         renew = lease_length() if self.lease.clock.due() else None
         self._durably(lambda: self.store.write_steps(self.lease, rows, renew_for=renew))
 
-    def transition(self, name: str, *, reason: str = "", **kwargs) -> None:
+    def transition(self, name: str, *, reason: str = "", then_claim: bool = False, **kwargs):
         """Apply a transition to the task this run holds, fenced on its token.
         Raises Refused when the task changed. After a database error outside a
         transaction it re-reads: if the change committed (its reply was lost)
-        the run goes on from there; if not, it tries again."""
+        the run goes on from there; if not, it tries again. With `then_claim`,
+        returns the next due task the same statement claimed for this worker."""
         deadline = time.monotonic() + WRITE_PATIENCE_SECONDS
+        following = None
+        then_claim_for = (self.worker, lease_length()) if then_claim else None
         while True:
             if time.monotonic() > deadline:
                 raise Interrupted(f"cannot record {name}: the database keeps failing")
             try:
-                self.store.transition(self.task, name, at=self.clock.now(), actor=self.actor,
-                                      reason=reason, **kwargs)
+                following = self.store.transition(self.task, name, at=self.clock.now(),
+                                                  actor=self.actor, reason=reason,
+                                                  then_claim_for=then_claim_for, **kwargs)
                 break
             except ConcurrentTransition:
                 raise self.store.refusal(self.lease) from None
@@ -421,6 +480,7 @@ class Run:
                 if fresh.lease_token != self.lease.token:
                     raise self.store.refusal(self.lease) from None
         self.lease = self.lease.advanced(self.task.lease_token)
+        return following
 
     def atomically(self, body, settle):
         """Run `body` (which ends with its fenced record) in one transaction.
@@ -435,10 +495,10 @@ class Run:
                 faults.fault_point("after_atomic_commit")
                 return result
             except (Refused, WorkerSignal, Interrupted):
-                self.lease = lease
+                self.lease, self.next_claimed = lease, None  # rolled back with it
                 raise
             except Exception as exc:  # noqa: BLE001 - the body's, or the commit's
-                self.lease = lease
+                self.lease, self.next_claimed = lease, None
                 settled = settle()
                 if settled is not MISSING:
                     return settled

@@ -331,7 +331,7 @@ def _new_task(owner, item: _Prepared, source, trace_id, *, now) -> Task:
         id=uuid.uuid4(), owner=owner, idempotency_key=item.key, workflow=item.workflow.name,
         payload=item.payload, fingerprint=item.fingerprint,
         max_attempts=item.workflow.max_attempts, source=source, trace_id=trace_id[:64],
-        created_at=now, updated_at=now, enqueued_at=now,
+        created_at=now, updated_at=now, enqueued_at=now, next_attempt_at=now,
     )
 
 

@@ -126,10 +126,13 @@ class Task(ConcurrentTransitionMixin, models.Model):
             models.Index(fields=["workflow", "-created_at"], name="task_workflow_created_idx"),
             # Admin default ordering, date hierarchy, dashboard triggers per hour.
             models.Index(fields=["-created_at"], name="task_created_idx"),
-            # Dispatcher: work waiting out a backoff that is due (state IN retrying/
-            # compensating/cancelling AND next_attempt_at <= now), and the next one due.
-            models.Index(fields=["next_attempt_at"], name="task_retry_due_idx",
-                         condition=Q(state__in=[S.RETRYING, *COMPENSATION_STATES])),
+            # The queue: workers claim the next due task (state IN pending/retrying AND
+            # next_attempt_at <= now ORDER BY next_attempt_at ... SKIP LOCKED); the
+            # dispatcher finds due retries and phases (compensating/cancelling) and the
+            # next one due.
+            models.Index(fields=["next_attempt_at"], name="task_due_idx",
+                         condition=Q(state__in=[S.PENDING, S.RETRYING,
+                                                *COMPENSATION_STATES])),
             # Dispatcher: expired leases (state IN running/compensating/cancelling AND
             # lease_expires_at < now).
             models.Index(fields=["lease_expires_at"], name="task_lease_expiry_idx",
@@ -192,7 +195,8 @@ class Task(ConcurrentTransitionMixin, models.Model):
 
     def is_due(self, now: datetime) -> bool:
         """Claimable for its steps at `now` (a database time): pending, or
-        retrying with its backoff elapsed, with an attempt left."""
+        retrying with its backoff elapsed, with an attempt left. (A pending
+        task's `next_attempt_at` is when it was triggered: due at once.)"""
         if self.attempts >= self.max_attempts:
             return False
         if self.state == S.PENDING:
@@ -310,14 +314,15 @@ class Task(ConcurrentTransitionMixin, models.Model):
 
     @transition(field=state, source=[S.FAILED, S.CANCELLED], target=S.PENDING,
                 permission="workflows.retry_task")
-    def retry(self, *, budget: int) -> None:
-        """Back to pending with a fresh budget of `budget` attempts; `attempts`
-        keeps counting over the task's life, so the cap moves instead."""
+    def retry(self, *, budget: int, now: datetime) -> None:
+        """Back to pending — due at `now` — with a fresh budget of `budget`
+        attempts; `attempts` keeps counting over the task's life, so the cap
+        moves instead."""
         self.max_attempts = self.attempts + budget
         self.result = None
         self.error = ""
         self.error_type = ""
-        self.next_attempt_at = None
+        self.next_attempt_at = now
         self.finished_at = None
         self.expires_at = None
         self._release_lease()

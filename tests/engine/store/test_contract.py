@@ -293,3 +293,94 @@ def test_the_literal_claim_and_the_fsm_claim_leave_the_same_row(owner):
         results.append((row, [h[:4] + (h[4],) for h in history(task.pk)][-1],
                         claimed.task.lease_token))
     assert results[0] == results[1]
+
+
+# --- the queue ---------------------------------------------------------------------------------
+
+def test_claim_next_takes_due_tasks_in_due_order_and_nothing_else(any_store, owner):
+    late = make_task(owner, key="late")
+    early = make_task(owner, key="early")
+    backoff = _retrying(owner, due_in=30)
+    due_retry = _retrying(owner, due_in=-60)
+    exhausted = _retrying(owner, due_in=-120, attempts_left=0)
+    Task.objects.filter(pk=late.pk).update(next_attempt_at=Now() - timedelta(seconds=1))
+    Task.objects.filter(pk=early.pk).update(next_attempt_at=Now() - timedelta(seconds=2))
+    make_task(owner, state=S.RUNNING)
+    make_task(owner, state=S.SUCCEEDED)
+    order = []
+    while (claimed := any_store.claim_next(worker="q", lease=LEASE)) is not None:
+        order.append(claimed.task.pk)
+        assert claimed.task.state == S.RUNNING and claimed.worker == "q"
+    assert order == [due_retry.pk, early.pk, late.pk]
+    assert fields(backoff.pk)["state"] == S.RETRYING
+    assert fields(exhausted.pk)["state"] == S.RETRYING
+    assert history(early.pk)[-1][:4] == ("claim", "pending", "running", "worker:q")
+
+
+@pytest.mark.postgres
+def test_claim_next_passes_by_a_task_another_claim_holds(any_store, owner):
+    import threading
+
+    from django.db import connection, connections, transaction
+
+    first, second = make_task(owner, key="first"), make_task(owner, key="second")
+    Task.objects.filter(pk=first.pk).update(next_attempt_at=Now() - timedelta(seconds=5))
+    holding, release = threading.Event(), threading.Event()
+
+    def hold():
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT id FROM workflows_task WHERE id = %s FOR UPDATE",
+                               [first.pk])
+            holding.set()
+            release.wait(30)
+        connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(30)
+        claimed = any_store.claim_next(worker="q", lease=LEASE)
+        assert claimed is not None and claimed.task.pk == second.pk  # not blocked: skipped
+    finally:
+        release.set()
+        holder.join(30)
+    assert any_store.claim_next(worker="q", lease=LEASE).task.pk == first.pk
+
+
+def test_a_success_claims_the_next_due_task_in_the_same_write(any_store, owner):
+    held = any_store.claim(make_task(owner, key="done-now").pk, worker="w", lease=LEASE)
+    following = make_task(owner, key="next")
+    claimed = any_store.transition(
+        held.task, "succeed", at=held.db_now, actor="worker:w", result=1, now=held.db_now,
+        ttl=timedelta(hours=1), steps=[rows.succeeded(0, "s", 1, held.db_now, compensable=False)],
+        then_claim_for=("w", LEASE))
+    assert fields(held.task.pk)["state"] == S.SUCCEEDED
+    assert claimed is not None and claimed.task.pk == following.pk and claimed.worker == "w"
+    assert (claimed.task.state, claimed.task.lease_token, claimed.task.attempts) == (
+        S.RUNNING, 1, 1)
+    assert fields(following.pk)["lease_owner"] == "w"
+    assert history(following.pk)[-1][:4] == ("claim", "pending", "running", "worker:w")
+    # Nothing due: the success alone.
+    last = any_store.claim_next(worker="w", lease=LEASE)
+    assert last is None
+    assert any_store.transition(
+        claimed.task, "succeed", at=claimed.db_now, actor="worker:w", result=2,
+        now=claimed.db_now, ttl=timedelta(hours=1),
+        steps=[rows.succeeded(0, "s", 2, claimed.db_now, compensable=False)],
+        then_claim_for=("w", LEASE)) is None
+    assert fields(following.pk)["state"] == S.SUCCEEDED
+
+
+def test_a_refused_success_claims_nothing(any_store, owner):
+    held = any_store.claim(make_task(owner, key="mine").pk, worker="w", lease=LEASE)
+    stale = Task.objects.get(pk=held.task.pk)
+    any_store.transition(held.task, "schedule_retry", at=held.db_now, actor="w", error="e",
+                         error_type="E", next_attempt_at=held.db_now)
+    waiting = make_task(owner, key="waiting")
+    with pytest.raises(ConcurrentTransition):
+        any_store.transition(stale, "succeed", at=held.db_now, actor="w", result=1,
+                             now=held.db_now, ttl=timedelta(hours=1),
+                             steps=[rows.succeeded(0, "s", 1, held.db_now, compensable=False)],
+                             then_claim_for=("w", LEASE))
+    assert fields(waiting.pk)["state"] == S.PENDING

@@ -136,6 +136,26 @@ class OrmStore:
             return None
         return Claimed(task, now, enqueued_at, worker)
 
+    def claim_next(self, *, worker: str, lease: timedelta) -> Claimed | None:
+        """The queue: claim the next due task (pending, or retrying and due, with
+        an attempt left) in due order, skipping tasks other claims hold; None when
+        nothing is due."""
+        from django.db.models import F
+
+        with transaction.atomic():
+            task = (Task.objects.select_for_update(skip_locked=True)
+                    .annotate(pilot_db_now=Now())
+                    .filter(state__in=[TaskState.PENDING, TaskState.RETRYING],
+                            next_attempt_at__lte=Now(), attempts__lt=F("max_attempts"))
+                    .order_by("next_attempt_at").first())
+            if task is None:
+                return None
+            now, enqueued_at = _aware(task.pilot_db_now), task.enqueued_at
+            self.transition(task, "claim", at=now, actor=f"worker:{worker}",
+                            reason=f"attempt {task.attempts + 1} of {task.max_attempts}",
+                            worker=worker, now=now, lease=lease)
+        return Claimed(task, now, enqueued_at, worker)
+
     def resume(self, task_id, *, worker: str, lease: timedelta,
                after_cancel_of: int | None = None) -> Claimed | None:
         """Take the compensation phase of a compensating or cancelling task over
@@ -230,10 +250,13 @@ class OrmStore:
 
     def transition(self, task: Task, name: str, *, at: datetime, actor: str, reason: str = "",
                    steps: list[StepRow] | tuple = (), set_fields: dict | None = None,
-                   **kwargs) -> None:
+                   then_claim_for: tuple[str, timedelta] | None = None,
+                   **kwargs) -> Claimed | None:
         """Apply django-fsm transition `name` (with `kwargs`) to `task` and persist
         it as a compare-and-set on the token `task` carries — with its audit row
         and `steps` — all or nothing. `at` (a database time) stamps the change.
+        With `then_claim_for=(worker, lease)`, once it is persisted, claim the next
+        due task for that worker (`claim_next`) and return it (None: none due).
 
         Raises TransitionNotAllowed if the edge is illegal from the task's state,
         ConcurrentTransition if the stored task has another token (someone else
@@ -248,7 +271,8 @@ class OrmStore:
             task.updated_at = at
             changed = [a for a in _ATTNAMES if task.__dict__.get(a) != before[a]
                        or a == "updated_at"]
-            self._persist(task, token, changed, name, from_state, actor, reason, at, list(steps))
+            following = self._persist(task, token, changed, name, from_state, actor, reason,
+                                      at, list(steps), then_claim_for)
         except BaseException:
             task.__dict__.update(before)
             raise
@@ -256,8 +280,10 @@ class OrmStore:
         emit_on_commit("task_transitioned", task_id=str(task.pk), workflow=task.workflow,
                        transition=name, from_state=from_state, to_state=task.state,
                        attempt=task.attempts, actor=actor, trace_id=task.trace_id or None)
+        return following
 
-    def _persist(self, task, token, changed, name, from_state, actor, reason, at, steps):
+    def _persist(self, task, token, changed, name, from_state, actor, reason, at, steps,
+                 then_claim_for=None):
         with transaction.atomic():  # nested: a savepoint, a refusal undoes only this
             matched = Task.objects.filter(pk=task.pk, lease_token=token).update(
                 **{a: task.__dict__[a] for a in changed})
@@ -268,6 +294,10 @@ class OrmStore:
                                           actor=actor[:200], reason=reason, at=at)
             if steps:
                 self.upsert_steps(task.pk, steps)
+        if then_claim_for is None:
+            return None
+        worker, lease = then_claim_for
+        return self.claim_next(worker=worker, lease=lease)
 
     # --- atomic steps --------------------------------------------------------------------------
 

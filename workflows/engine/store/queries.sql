@@ -43,6 +43,38 @@ WITH prior AS (
 )
 SELECT * FROM claimed;
 
+-- name: claim_next
+-- The queue: the next due task — pending, or retrying with its backoff elapsed,
+-- with an attempt left — in due order (next_attempt_at: a pending task's is its
+-- trigger time), skipping rows other claims hold; claimed like `claim`.
+WITH prior AS (
+    SELECT id, state, enqueued_at FROM workflows_task
+     WHERE state IN ('pending', 'retrying') AND next_attempt_at <= statement_timestamp()
+       AND attempts < max_attempts
+     ORDER BY next_attempt_at
+     LIMIT 1
+       FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE workflows_task AS t
+       SET state = 'running', attempts = t.attempts + 1, lease_token = t.lease_token + 1,
+           lease_owner = %(worker)s,
+           lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
+           next_attempt_at = NULL, enqueued_at = NULL,
+           started_at = COALESCE(t.started_at, statement_timestamp()),
+           updated_at = statement_timestamp()
+      FROM prior
+     WHERE t.id = prior.id
+    RETURNING t.*, prior.state AS pilot_from_state, prior.enqueued_at AS pilot_enqueued_at,
+              statement_timestamp() AS pilot_db_now
+), audit AS (
+    INSERT INTO workflows_tasktransition (task_id, transition, from_state, to_state, actor,
+                                          reason, at)
+    SELECT id, 'claim', pilot_from_state, 'running', %(actor)s,
+           'attempt ' || attempts || ' of ' || max_attempts, statement_timestamp()
+      FROM claimed
+)
+SELECT * FROM claimed;
+
 -- name: resume
 -- compensating or cancelling, no live lease, no backoff pending -> the same
 -- state under a new token and this worker's lease (a take-over of the
@@ -181,10 +213,11 @@ SELECT state, lease_token FROM workflows_task WHERE id = %(task_id)s;
 INSERT INTO workflows_task
        (id, owner_id, idempotency_key, workflow, payload, fingerprint, state, error,
         error_type, attempts, max_attempts, lease_token, lease_owner, source,
-        trace_id, created_at, updated_at, enqueued_at)
+        trace_id, created_at, updated_at, enqueued_at, next_attempt_at)
 VALUES (%(id)s, %(owner_id)s, %(key)s, %(workflow)s, %(payload)s::jsonb, %(fingerprint)s,
         'pending', '', '', 0, %(max_attempts)s, 0, '', %(source)s, %(trace_id)s,
-        statement_timestamp(), statement_timestamp(), statement_timestamp())
+        statement_timestamp(), statement_timestamp(), statement_timestamp(),
+        statement_timestamp())
 ON CONFLICT (owner_id, idempotency_key) DO NOTHING
 RETURNING created_at;
 
@@ -264,3 +297,61 @@ WITH changed AS (
     RETURNING 1
 )
 SELECT id FROM audit;
+
+-- name: transition_with_steps_then_claim
+-- A worker's last step: its success and the task's (transition_with_steps), and —
+-- the database is the queue — the claim of the next due task for the same
+-- worker (as claim_next), in one statement: a run costs one round trip at its
+-- end instead of two. No next task: the claim columns are NULL.
+WITH changed AS (
+    UPDATE workflows_task SET {sets}
+     WHERE id = %(task_id)s AND lease_token = %(token)s
+    RETURNING id
+), audit AS (
+    INSERT INTO workflows_tasktransition (task_id, transition, from_state, to_state, actor,
+                                          reason, at)
+    SELECT id, %(transition)s, %(from_state)s, %(to_state)s, %(actor)s, %(reason)s, %(at)s
+      FROM changed
+    RETURNING id
+), written AS (
+    INSERT INTO workflows_stepcheckpoint
+           (task_id, "index", name, state, output, attempts, compensable,
+            compensation_attempts, error, started_at, finished_at)
+    SELECT changed.id, v.*
+      FROM changed,
+           unnest(%(index)s::int[], %(name)s::text[], %(state)s::text[],
+                  %(output)s::jsonb[], %(attempts)s::int[], %(compensable)s::bool[],
+                  %(compensation_attempts)s::int[], %(error)s::text[],
+                  %(started_at)s::timestamptz[], %(finished_at)s::timestamptz[]) AS v
+     WHERE true  -- ends the SELECT: ON CONFLICT below is the INSERT's
+    {on_conflict}
+    RETURNING 1
+), prior AS (
+    SELECT id, state, enqueued_at FROM workflows_task
+     WHERE EXISTS (SELECT FROM changed)
+       AND state IN ('pending', 'retrying') AND next_attempt_at <= statement_timestamp()
+       AND attempts < max_attempts
+     ORDER BY next_attempt_at
+     LIMIT 1
+       FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE workflows_task AS t
+       SET state = 'running', attempts = t.attempts + 1, lease_token = t.lease_token + 1,
+           lease_owner = %(worker)s,
+           lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
+           next_attempt_at = NULL, enqueued_at = NULL,
+           started_at = COALESCE(t.started_at, statement_timestamp()),
+           updated_at = statement_timestamp()
+      FROM prior
+     WHERE t.id = prior.id
+    RETURNING t.*, prior.state AS pilot_from_state, prior.enqueued_at AS pilot_enqueued_at,
+              statement_timestamp() AS pilot_db_now
+), claim_audit AS (
+    INSERT INTO workflows_tasktransition (task_id, transition, from_state, to_state, actor,
+                                          reason, at)
+    SELECT id, 'claim', pilot_from_state, 'running', %(claim_actor)s,
+           'attempt ' || attempts || ' of ' || max_attempts, statement_timestamp()
+      FROM claimed
+)
+SELECT (SELECT id FROM audit) AS pilot_audit, claimed.*
+  FROM (SELECT 1) AS one LEFT JOIN claimed ON true;
