@@ -276,6 +276,10 @@ PILOT_DISPATCHER_POLL_SECONDS = env_float("PILOT_DISPATCHER_POLL_SECONDS", 1.0, 
 # the database (the queue) for up to this long before it takes its next message
 # (docs/design.md, "The queue"); 0: one task per message.
 PILOT_DRAIN_SECONDS = env_float("PILOT_DRAIN_SECONDS", 5.0, minimum=0)
+# The PostgreSQL store prepares its statements once per connection (they cost more to
+# plan than to run). Turn off behind a pooler that does not keep sessions
+# (pgbouncer in transaction mode).
+PILOT_PG_PREPARED = env_bool("PILOT_PG_PREPARED", True)
 # A pending task unclaimed this long is enqueued again (its message may be lost).
 PILOT_REENQUEUE_SECONDS = env_float("PILOT_REENQUEUE_SECONDS", 10.0, minimum=0.5)
 PILOT_Q_WORKERS = env_int("PILOT_Q_WORKERS", 2, minimum=1)
