@@ -221,11 +221,11 @@ def insert_many_tasks(owners: list, n: int) -> None:
         cursor.execute(f"""
             INSERT INTO workflows_task (id, owner_id, idempotency_key, workflow, payload,
                 fingerprint, state, error, error_type, attempts, max_attempts, lease_token,
-                lease_owner, replays, source, trace_id, created_at, updated_at)
+                lease_owner, source, trace_id, created_at, updated_at)
             SELECT gen_random_uuid(), (%s::bigint[])[1 + i %% %s], 'bulk-' || i,
                    (ARRAY['demo.echo','demo.slow','demo.saga'])[1 + i %% 3], '{{}}'::jsonb,
-                   md5(i::text), ({states})[1 + i %% 7], '', '', 1, 3, 1, '', i %% 4, 'api',
-                   '', now() - (i || ' minutes')::interval, now()
+                   md5(i::text), ({states})[1 + i %% {len(S.values)}], '', '', 1, 3, 1, '',
+                   'api', '', now() - (i || ' minutes')::interval, now()
             FROM generate_series(1, %s) AS i""", [[o.pk for o in owners], len(owners), n])
         cursor.execute("ANALYZE workflows_task")
 

@@ -6,6 +6,7 @@ the same key on 503 as upstreams do. The API must answer only 2xx or 503
 reconnect by themselves, and the invariant checker must find nothing."""
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -42,7 +43,7 @@ def stack():
             assert run("manage.py", "migrate", "-v0").returncode == 0
             client = run("manage.py", "create_api_client", "upstream")
             assert client.returncode == 0, client.stderr
-            fleet.token = client.stdout.split()[-1]
+            fleet.token = re.search(r": token (\S+)", client.stdout).group(1)
             fleet.run = run
             fleet.dispatcher()
             fleet.workers()
