@@ -75,15 +75,14 @@ def prepared(sql: str, params: dict) -> tuple[str, list]:
 
 
 def _step_arrays(rows: list[StepRow]) -> dict:
-    return {
-        "index": [r.index for r in rows], "name": [r.name for r in rows],
-        "state": [r.state for r in rows],
-        "output": [None if r.output is None else json.dumps(r.output) for r in rows],
-        "attempts": [r.attempts for r in rows], "compensable": [r.compensable for r in rows],
-        "compensation_attempts": [r.compensation_attempts for r in rows],
-        "error": [r.error for r in rows], "started_at": [r.started_at for r in rows],
-        "finished_at": [r.finished_at for r in rows],
-    }
+    """The `steps` parameter: the rows as one JSON array (jsonb_to_recordset)."""
+    return {"steps": json.dumps([
+        {"index": r.index, "name": r.name, "state": r.state, "output": r.output,
+         "attempts": r.attempts, "compensable": r.compensable,
+         "compensation_attempts": r.compensation_attempts, "error": r.error,
+         "started_at": r.started_at.isoformat() if r.started_at else None,
+         "finished_at": r.finished_at.isoformat() if r.finished_at else None}
+        for r in rows])}
 
 
 @functools.lru_cache(maxsize=256)
