@@ -274,7 +274,8 @@ def test_a_worker_drains_the_due_tasks_after_the_one_its_message_named(start, se
     messages = pop_queued()
     settings.PILOT_DRAIN_SECONDS = 10
     assert run_task(messages[0]) == "succeeded"
-    assert {Task.objects.get(pk=t.pk).state for t in tasks} == {S.SUCCEEDED}
+    assert [(Task.objects.get(pk=t.pk).state, Task.objects.get(pk=t.pk).result)
+            for t in tasks] == [(S.SUCCEEDED, {"echo": {"n": n}}) for n in range(5)]
     claims = TaskTransition.objects.filter(transition="claim").order_by("id")
     assert [c.task_id for c in claims] == [t.pk for t in tasks]  # in trigger order
     assert run_task(messages[1]) == "skipped"  # a message for work already done

@@ -350,7 +350,7 @@ def test_claim_next_passes_by_a_task_another_claim_holds(any_store, owner):
 
 def test_a_success_claims_the_next_due_task_in_the_same_write(any_store, owner):
     held = any_store.claim(make_task(owner, key="done-now").pk, worker="w", lease=LEASE)
-    following = make_task(owner, key="next")
+    following = make_task(owner, key="next", payload={"nested": {"n": [1, 2]}})
     claimed = any_store.transition(
         held.task, "succeed", at=held.db_now, actor="worker:w", result=1, now=held.db_now,
         ttl=timedelta(hours=1), steps=[rows.succeeded(0, "s", 1, held.db_now, compensable=False)],
@@ -359,6 +359,11 @@ def test_a_success_claims_the_next_due_task_in_the_same_write(any_store, owner):
     assert claimed is not None and claimed.task.pk == following.pk and claimed.worker == "w"
     assert (claimed.task.state, claimed.task.lease_token, claimed.task.attempts) == (
         S.RUNNING, 1, 1)
+    # The claimed task is whole, as the ORM would read it (JSON as objects, times aware).
+    stored = Task.objects.get(pk=following.pk)
+    assert {f.attname: getattr(claimed.task, f.attname) for f in Task._meta.concrete_fields} \
+        == {f.attname: getattr(stored, f.attname) for f in Task._meta.concrete_fields}
+    assert claimed.task.payload == {"nested": {"n": [1, 2]}}
     assert fields(following.pk)["lease_owner"] == "w"
     assert history(following.pk)[-1][:4] == ("claim", "pending", "running", "worker:w")
     # Nothing due: the success alone.

@@ -218,9 +218,7 @@ class PostgresStore(OrmStore):
             raise ConcurrentTransition(f"task {task.pk} is no longer at version {token}")
         if values["id"] is None:
             return None
-        names = [f.attname for f in Task._meta.concrete_fields]
-        following = Task.from_db(connection.alias, names,
-                                 [values[Task._meta.get_field(n).column] for n in names])
+        following = _task_from(values)
         emit_on_commit("task_transitioned", task_id=str(following.pk),
                        workflow=following.workflow, transition="claim",
                        from_state=values["pilot_from_state"], to_state=following.state,
@@ -252,6 +250,19 @@ class PostgresStore(OrmStore):
         row = rows[0]
         row._prefetched_objects_cache = {"steps": _steps(row.pk, row.pilot_steps)}
         return "replayed", row
+
+
+def _task_from(values: dict) -> Task:
+    """A Task from a row of raw column values, converted as the ORM would
+    (JSON columns arrive as text)."""
+    fields = Task._meta.concrete_fields
+    converted = []
+    for field in fields:
+        value = values[field.column]
+        if hasattr(field, "from_db_value"):
+            value = field.from_db_value(value, None, connection)
+        converted.append(value)
+    return Task.from_db(connection.alias, [f.attname for f in fields], converted)
 
 
 def _steps(task_id, raw) -> list[StepCheckpoint]:
