@@ -28,10 +28,15 @@ and a control-flow signal escaping it would kill the worker process.
 The run is a generator of the points just after each durable write
 (`Run.steps()`), so a test can interleave several workers, cancels, crashes
 and dispatcher passes exactly there; `task_run` drives it to the end.
+
+Trace context (docs/tracing.md): once the task is claimed, `task_run` binds
+its stored trace id to every log record of the run, and with OpenTelemetry
+the claim and each step body are spans under the task's `traceparent`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -57,6 +62,7 @@ from workflows.engine.store import StepRow, store
 from workflows.engine.store import rows as step_rows
 from workflows.errors import CancelRequested, LeaseLost, WorkerSignal, WorkflowChanged
 from workflows.models import StepCheckpoint, Task, TaskTransition
+from workflows.observability import tracing
 from workflows.observability.events import emit, emit_on_commit, log_context
 from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, Step, registry
 from workflows.states import TO_COMPENSATE, TaskState
@@ -108,9 +114,13 @@ def task_run(*, task_id, worker: str | None = None) -> RunReport:
     or for a finished, missing or not-yet-due task, returns "skipped" and
     changes nothing."""
     run = Run(task_id, worker or worker_id())
-    with log_context(task_id=str(task_id)):
+    with contextlib.ExitStack() as bound:
+        bound.enter_context(log_context(task_id=str(task_id)))
+        traced = False
         for _ in run.steps():
-            pass
+            if not traced and run.task is not None:  # claimed: its trace is known
+                traced = True
+                bound.enter_context(log_context(trace_id=run.task.trace_id or None))
     return run.report
 
 
@@ -148,6 +158,7 @@ class Run:
     def _run(self) -> Iterator[str]:
         # A claim has no side effect before it commits: a connection error (or
         # SQLite's busy writer) is retried like a read.
+        started_ns = tracing.now_ns()
         claimed = self._read(lambda: self.store.claim(self.task_id, worker=self.worker,
                                                       lease=lease_length()))
         compensating = claimed is None
@@ -158,6 +169,11 @@ class Run:
             self.report.outcome = "skipped"
             return
         self._hold(claimed)
+        if started_ns:
+            tracing.span_record("pilot.claim", parent=self.task.traceparent,
+                                started_ns=started_ns, task_id=self.task_id,
+                                workflow=self.task.workflow, attempt=self.task.attempts,
+                                state=self.task.state, worker=self.worker)
         faults.fault_point("after_claim")
         yield "claimed"
         try:
@@ -222,11 +238,19 @@ class Run:
             self.in_flight = InFlight(index, step)
             started = time.monotonic()
             self._emit("step_started", level=logging.DEBUG, step=step.name)
-            try:
-                output = self._step(index, step, outputs, following)
-            except StepFailure as failure:
+            with tracing.span("pilot.step", parent=self.task.traceparent, task_id=self.task_id,
+                              workflow=self.task.workflow, step=step.name, index=index,
+                              attempt=self.task.attempts) as span:
+                try:
+                    output = self._step(index, step, outputs, following)
+                except StepFailure as failure:
+                    tracing.span_failed(span, failure.exc)
+                    failed = failure
+                else:
+                    failed = None
+            if failed is not None:
                 self.in_flight = None
-                yield from self._attempt_failed(index, step, failure.exc)
+                yield from self._attempt_failed(index, step, failed.exc)
                 return
             self.in_flight = None
             self._emit("step_finished", step=step.name,
