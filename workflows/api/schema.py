@@ -137,7 +137,7 @@ class BatchRequestDoc(serializers.Serializer):
     tasks = serializers.ListField(
         child=serializers.JSONField(allow_null=True), min_length=1, max_length=MAX_BATCH,
         help_text=f"1 to {MAX_BATCH} triggers, each an object with idempotency_key, workflow "
-                  "and payload (BatchItemDoc).")
+                  "and payload, and optionally callback_url (BatchItemDoc).")
 
 
 class _BatchItemDocHolder(serializers.Serializer):

@@ -142,7 +142,8 @@ def task_trigger_many(*, owner, requests: list[TriggerRequest], source: str = So
     PilotError that request would have raised alone. Raises ValidationFailed
     for a malformed batch (empty or too long). `traceparent` (W3C) is the
     caller's trace context; new tasks store it (or, with OpenTelemetry, the
-    context of this call's `pilot.trigger` span)."""
+    context of this call's `pilot.trigger` span). Without a `trace_id` one is
+    generated."""
     if not requests:
         raise ValidationFailed("A batch needs at least one task",
                                errors={"tasks": ["This list may not be empty."]})
@@ -150,6 +151,7 @@ def task_trigger_many(*, owner, requests: list[TriggerRequest], source: str = So
         raise ValidationFailed(f"A batch holds at most {MAX_BATCH} tasks",
                                errors={"tasks": [f"Ensure this list has at most {MAX_BATCH} "
                                                  "elements."]})
+    trace_id = trace_id or uuid.uuid4().hex  # every task belongs to a trace
     with tracing.span("pilot.trigger", parent=traceparent, source=source,
                       count=len(requests)) as span:
         if span is not None:  # the tasks hang off this span
