@@ -22,7 +22,7 @@ from django.utils.dateparse import parse_datetime
 
 from workflows.admin.audit import action_message, console_action_log
 from workflows.admin.forms import ReasonForm
-from workflows.engine.deliveries import RESEND_PERMISSION, delivery_resend
+from workflows.engine.deliveries import LOG_ENTRIES, RESEND_PERMISSION, delivery_resend
 from workflows.errors import PilotError
 from workflows.models import WebhookDelivery
 
@@ -45,9 +45,11 @@ class DeliveryView:
 
 def _attempts(delivery: WebhookDelivery) -> list[AttemptView]:
     logged = {entry.get("n"): entry for entry in delivery.attempt_log or []}
-    first = min(logged, default=delivery.attempts + 1)
+    # A full log has dropped its oldest entries; a shorter one misses only the
+    # attempts whose outcome was never recorded.
+    first = min(logged, default=1) if len(logged) >= LOG_ENTRIES else 1
     views = []
-    for n in range(max(1, first), delivery.attempts + 1):
+    for n in range(first, delivery.attempts + 1):
         entry = logged.get(n)
         if entry is None:
             views.append(AttemptView(n, lost=True))
