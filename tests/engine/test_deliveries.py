@@ -4,6 +4,7 @@ claimed so that two senders never send one delivery at once, fenced so that a
 sender whose claim expired records nothing, re-sent by the dispatcher when a
 message or a sender is lost, given up after its window, re-sendable."""
 
+import random
 import threading
 from datetime import timedelta
 
@@ -122,9 +123,11 @@ def test_retries_wait_a_jittered_doubling_backoff_capped_at_the_maximum(owner, s
     assert [backoff_ceiling(retry_policy(), n) for n in range(1, 6)] == [2, 4, 5, 5, 5]
 
 
-def test_a_delivery_that_cannot_succeed_in_its_window_ends_failed(owner, secret, settings):
+def test_a_delivery_whose_next_attempt_would_be_too_late_ends_failed(owner, secret, settings,
+                                                                       monkeypatch):
     settings.PILOT_WEBHOOK_GIVE_UP_SECONDS = 1.0
-    settings.PILOT_WEBHOOK_FIRST_RETRY_SECONDS = 5.0  # the next attempt would be too late
+    settings.PILOT_WEBHOOK_FIRST_RETRY_SECONDS = 5.0
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)  # the jitter at its ceiling
     with Receiver(lambda mid, n: (500, 0)) as receiver:
         task = trigger(owner, receiver)
         drain(lambda: delivery_of(task).state == "failed")
@@ -133,6 +136,19 @@ def test_a_delivery_that_cannot_succeed_in_its_window_ends_failed(owner, secret,
     assert len(receiver.received) == 1
     d = delivery_of(task)
     assert (d.state, d.attempts, d.last_status) == ("failed", 1, 500)
+
+
+def test_a_delivery_still_waiting_when_its_window_closes_ends_failed_unsent(owner, secret):
+    with Receiver(lambda mid, n: (500, 0)) as receiver:
+        task = trigger(owner, receiver)
+        drain(lambda: delivery_of(task).attempts == 1 and delivery_of(task).claimed_until
+              is None, dispatch=False)
+        WebhookDelivery.objects.filter(task_id=task.pk).update(  # 24 hours later
+            give_up_at=Now() - timedelta(seconds=1), next_attempt_at=Now())
+        assert delivery_send(message_id=f"{task.pk}:succeeded:0").outcome == "skipped"
+    assert len(receiver.received) == 1
+    d = delivery_of(task)
+    assert (d.state, d.attempts, d.last_error) == ("failed", 1, "HTTP 500: ok")
 
 
 def test_two_senders_at_once_send_one_attempt(owner, secret):
@@ -330,3 +346,36 @@ def test_a_message_for_something_that_is_not_a_delivery_is_skipped():
     for message_id in ("nonsense", "a:b:c", "00000000-0000-0000-0000-000000000000:succeeded:0",
                        "x:running:0", "x:succeeded:-1"):
         assert delivery_send(message_id=message_id).outcome == "skipped"
+
+
+def _run_statements(owner, callback_url) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from workflows.worker import run_task
+
+    task = task_trigger(owner=owner, key=f"count-{callback_url}", workflow="test.noop3",
+                        payload={}, callback_url=callback_url or None).task
+    pop_queued()
+    with CaptureQueriesContext(connection) as captured:
+        assert run_task(str(task.pk)) == "succeeded"
+    return len(captured.captured_queries)
+
+
+def test_the_worker_hot_path_costs_no_statement_more_without_an_endpoint(owner, secret):
+    """Claim, three step boundaries and the ending of test.noop3: the statement
+    counts measured before webhooks existed (PostgreSQL 5, SQLite 22) are upper
+    bounds for a task without an endpoint; with one, the outbox row rides in
+    the ending's statement on PostgreSQL and only the queue message (ORM broker)
+    costs statements of its own."""
+    from django.db import connection
+
+    from workflows.engine.enqueue import uses_orm_broker
+
+    plain = _run_statements(owner, "")
+    with Receiver() as receiver:
+        with_endpoint = _run_statements(owner, receiver.url)
+    postgres = connection.vendor == "postgresql"
+    assert plain <= (5 if postgres else 22)
+    queue = 3 if uses_orm_broker() else 0  # BEGIN, INSERT django_q_ormq, COMMIT
+    assert with_endpoint - plain == (queue if postgres else queue + 1)

@@ -66,17 +66,17 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='task',
             name='callback_url',
-            field=models.CharField(blank=True, default='', max_length=2000),
+            field=models.CharField(blank=True, db_default='', default='', max_length=2000),
         ),
         migrations.AddField(
             model_name='task',
             name='restarts',
-            field=models.PositiveIntegerField(default=0),
+            field=models.PositiveIntegerField(db_default=0, default=0),
         ),
         migrations.AddField(
             model_name='task',
             name='traceparent',
-            field=models.CharField(blank=True, default='', max_length=55),
+            field=models.CharField(blank=True, db_default='', default='', max_length=55),
         ),
         migrations.CreateModel(
             name='WebhookDelivery',

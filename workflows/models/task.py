@@ -89,12 +89,13 @@ class Task(ConcurrentTransitionMixin, models.Model):
     trace_id = models.CharField(max_length=64, blank=True, default="")
     # The W3C trace context its work continues (docs/tracing.md): the trigger's
     # `traceparent`, or the trigger span's when OpenTelemetry records one.
-    traceparent = models.CharField(max_length=55, blank=True, default="")
+    traceparent = models.CharField(max_length=55, blank=True, default="", db_default="")
     # Where its completion is POSTed (docs/webhooks.md): the trigger's
     # `callback_url`, else its owner's default endpoint at trigger time; "" = none.
-    callback_url = models.CharField(max_length=2000, blank=True, default="")
+    callback_url = models.CharField(max_length=2000, blank=True, default="", db_default="")
     # Times `retry` sent it back to pending: the <n> of its webhooks' ids.
-    restarts = models.PositiveIntegerField(default=0)
+    # (Database defaults too: rows inserted by raw SQL that predates these columns.)
+    restarts = models.PositiveIntegerField(default=0, db_default=0)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     enqueued_at = models.DateTimeField(null=True, blank=True)
