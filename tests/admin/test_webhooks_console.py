@@ -137,3 +137,12 @@ def test_a_clients_default_endpoint_is_edited_and_its_secret_never_shown(owner,
     assert refused.status_code == 200 and "http:// or https://" in refused.content.decode()
     assert ClientWebhook.objects.get(owner=owner).url == "http://127.0.0.1:9/b"
     assert client.get("/admin/workflows/clientwebhook/add/").status_code == 403
+
+
+@pytest.mark.parametrize("delivery_id", ["0", "99999999999999999999999999", "9223372036854775808"])
+def test_a_hostile_delivery_id_is_a_404_never_a_500(owner, resender, delivery_id):
+    with Receiver() as receiver:
+        task = delivered_task(owner, receiver)
+    assert resender.get(task_url(task, f"webhook/{delivery_id}/resend/")).status_code == 404
+    assert resender.post(task_url(task, f"webhook/{delivery_id}/resend/"),
+                         {"reason": "x"}).status_code == 404
