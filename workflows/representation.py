@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+from django.utils.dateparse import parse_datetime
+
 
 def _when(value: datetime | None) -> str | None:
     if value is None:
@@ -29,13 +31,18 @@ def step_data(step) -> dict:
 
 
 def delivery_data(delivery) -> dict:
-    """One completion webhook of a task: `id` is its `webhook-id`."""
+    """One completion webhook of a task: `id` is its `webhook-id`; `attempt_log`
+    its last attempts with a recorded outcome (an attempt counted in `attempts`
+    but missing there was lost with its worker)."""
     return {"id": delivery.message_id, "state": delivery.state, "attempts": delivery.attempts,
             "last_status": delivery.last_status, "last_error": delivery.last_error,
             "next_attempt_at": _when(delivery.next_attempt_at)
             if delivery.state == "pending" else None,
             "delivered_at": _when(delivery.delivered_at),
-            "created_at": _when(delivery.created_at)}
+            "created_at": _when(delivery.created_at),
+            "attempt_log": [{"attempt": e.get("n"), "at": _when(parse_datetime(e.get("at") or "")),
+                             "status": e.get("status"), "error": e.get("error") or "",
+                             "duration_ms": e.get("ms")} for e in delivery.attempt_log or []]}
 
 
 def task_deliveries(task) -> list:

@@ -56,6 +56,9 @@ def test_a_trigger_with_a_callback_url_is_delivered_and_lists_its_delivery(signe
             delivery["last_error"], delivery["next_attempt_at"]) == (
         "delivered", 1, 204, "", None)
     assert delivery["delivered_at"] and delivery["created_at"]
+    [attempt] = delivery["attempt_log"]
+    assert (attempt["attempt"], attempt["status"], attempt["error"]) == (1, 204, "")
+    assert attempt["at"].endswith("Z") and attempt["duration_ms"] >= 0
     listed = signed.get("/api/v1/tasks").json()["results"]
     assert listed[0]["deliveries"] == read["deliveries"]
     replay = trigger(signed, callback_url=receiver.url)
@@ -152,7 +155,9 @@ def test_the_schema_documents_callback_url_deliveries_and_traceparent(api):
     delivery = components["Delivery"]
     assert set(delivery["properties"]) == {"id", "state", "attempts", "last_status",
                                            "last_error", "next_attempt_at", "delivered_at",
-                                           "created_at"}
+                                           "created_at", "attempt_log"}
+    assert set(components["Attempt"]["properties"]) == {"attempt", "at", "status", "error",
+                                                        "duration_ms"}
     assert "webhook-id" in delivery["properties"]["id"]["description"]
     trigger_shapes = [name for name in components
                       if name.startswith("TriggerDemo") and name.endswith("Request")]

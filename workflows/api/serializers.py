@@ -93,6 +93,14 @@ class StepSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class AttemptSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField(help_text="1 for the first POST of the delivery.")
+    at = serializers.DateTimeField(allow_null=True)
+    status = serializers.IntegerField(allow_null=True, help_text="null: no HTTP answer.")
+    error = serializers.CharField(allow_blank=True, help_text="Empty after a 2xx.")
+    duration_ms = serializers.FloatField(allow_null=True)
+
+
 class DeliverySerializer(serializers.Serializer):
     """One completion webhook of the task (docs/webhooks.md)."""
 
@@ -110,6 +118,9 @@ class DeliverySerializer(serializers.Serializer):
         "When a pending delivery is tried next."))
     delivered_at = serializers.DateTimeField(allow_null=True)
     created_at = serializers.DateTimeField(help_text="When the task reached the state.")
+    attempt_log = AttemptSerializer(many=True, help_text=(
+        "The last 20 attempts with a recorded outcome, oldest first. An attempt counted in "
+        "`attempts` but missing here was lost with its worker (and retried)."))
 
     def to_representation(self, instance):
         return delivery_data(instance)
