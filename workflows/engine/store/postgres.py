@@ -142,10 +142,11 @@ class PostgresStore(OrmStore):
         params = {f"v{i}": fields[a].get_db_prep_save(task.__dict__[a], connection)
                   for i, a in enumerate(changed)}
         sets = ", ".join(f'"{fields[a].column}" = %(v{i})s' for i, a in enumerate(changed))
+        deliver = delivery_owed(task)
         params.update(task_id=task.pk, token=token, transition=name, from_state=from_state,
                       to_state=task.state, actor=actor[:200], reason=reason, at=at,
-                      deliver=delivery_owed(task), restarts=task.restarts,
-                      callback_url=task.callback_url,
+                      deliver=deliver, restarts=task.restarts if deliver else 0,
+                      callback_url=task.callback_url if deliver else "",
                       give_up_seconds=give_up_after().total_seconds())
         query = "transition"
         if steps:
