@@ -156,6 +156,21 @@ def test_trigger_claim_steps_and_webhook_are_spans_of_the_incoming_trace(owner, 
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_trigger_inside_a_request_span_of_the_deployment_is_its_child(owner, spans):
+    """With the deployment's own instrumentation (a server span per request,
+    already a child of the incoming traceparent), the trigger span nests in it."""
+    request_tracer = tracing.tracer()
+    parent_context = tracing._parent_context(INCOMING)
+    with request_tracer.start_as_current_span("GET /api/v1/tasks", context=parent_context) \
+            as request_span:
+        task_trigger(owner=owner, key="nested", workflow="demo.echo", payload={},
+                     traceparent=INCOMING, trace_id=TRACE)
+    trigger = next(s for s in spans.get_finished_spans() if s.name == "pilot.trigger")
+    assert trigger.parent.span_id == request_span.get_span_context().span_id
+    assert f"{trigger.context.trace_id:032x}" == TRACE
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_failed_step_and_each_compensation_are_spans_too(owner, spans):
     task = task_trigger(owner=owner, key="saga", workflow="demo.saga", payload={"fail": True},
                         traceparent=INCOMING, trace_id=TRACE).task

@@ -152,7 +152,7 @@ def task_trigger_many(*, owner, requests: list[TriggerRequest], source: str = So
                                errors={"tasks": [f"Ensure this list has at most {MAX_BATCH} "
                                                  "elements."]})
     trace_id = trace_id or uuid.uuid4().hex  # every task belongs to a trace
-    with tracing.span("pilot.trigger", parent=traceparent, source=source,
+    with tracing.span("pilot.trigger", parent=traceparent, inherit=True, source=source,
                       count=len(requests)) as span:
         if span is not None:  # the tasks hang off this span
             traceparent = tracing.span_traceparent(span)

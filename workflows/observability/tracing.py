@@ -122,17 +122,23 @@ def span_traceparent(span) -> str:
                               f"{int(context.trace_flags):02x}")
 
 
-def span(name: str, *, parent: str = "", kind: str = "internal", **attributes):
+def span(name: str, *, parent: str = "", kind: str = "internal", inherit: bool = False,
+         **attributes):
     """A context manager recording span `name` as a child of `parent` (a
-    traceparent); it yields the span, or None (no-op) without OpenTelemetry.
-    An exception escaping the block is recorded on the span."""
+    traceparent) — or, with `inherit`, of the span already current in this
+    context when there is one (a request span of the deployment's own
+    instrumentation, itself a child of the same traceparent). It yields the
+    span, or None (no-op) without OpenTelemetry. An exception escaping the
+    block is recorded on the span."""
     t = tracer()
     if t is None:
         return _NULL
+    from opentelemetry import trace
     from opentelemetry.trace import SpanKind
 
+    current = inherit and trace.get_current_span().get_span_context().is_valid
     return t.start_as_current_span(
-        name, context=_parent_context(parent),
+        name, context=None if current else _parent_context(parent),
         kind=SpanKind.CLIENT if kind == "client" else SpanKind.INTERNAL,
         attributes={f"pilot.{k}": v for k, v in attributes.items() if v is not None})
 
