@@ -4,7 +4,7 @@ BENCH_VENV := bench/.venv
 PY     := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: run test test-sqlite test-main lint check audit bench bench-cleanup bench-admin clean chromium
+.PHONY: run test test-sqlite test-main lint check audit bench bench-cleanup bench-admin bench-tracing clean chromium
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,11 @@ bench-admin: $(VENV)/.installed
 	DJANGO_SETTINGS_MODULE=bench.settings PILOT_Q_CLUSTER_NAME=pilot-bench-admin \
 	DJANGO_SECRET_KEY=bench-only-secret-key-not-for-production-0123456789 \
 		$(PY) -m bench.workloads.admin_pages
+
+## bench-tracing: what trace context costs the runner per step, with OpenTelemetry absent,
+## unconfigured and recording (docs/tracing.md); in-process, no database.
+bench-tracing: $(VENV)/.installed-dev
+	$(PY) bench/tracing_overhead.py
 
 $(BENCH_VENV)/.installed: bench/requirements.txt
 	$(PYTHON) -m venv $(BENCH_VENV)

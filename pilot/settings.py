@@ -291,6 +291,20 @@ PILOT_DEMO_WORKFLOWS = env_bool("PILOT_DEMO_WORKFLOWS", False)
 # as on time (older slots are "missed" and follow the schedule's policy).
 PILOT_SCHEDULER_POLL_SECONDS = env_float("PILOT_SCHEDULER_POLL_SECONDS", 1.0, minimum=0.05)
 PILOT_SCHEDULE_GRACE_SECONDS = env_float("PILOT_SCHEDULE_GRACE_SECONDS", 60.0, minimum=0)
+# Completion webhooks (docs/webhooks.md). Private, loopback, link-local and other
+# non-public targets are refused (at trigger time and again at each send) unless
+# this is set: for tests and closed networks only.
+PILOT_WEBHOOK_ALLOW_PRIVATE = env_bool("PILOT_WEBHOOK_ALLOW_PRIVATE", False)
+# One delivery attempt (DNS, connect, send, answer) may take this long.
+PILOT_WEBHOOK_TIMEOUT_SECONDS = env_float("PILOT_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+# Retries: exponential backoff with full jitter, the first within this many
+# seconds, doubling, at most PILOT_WEBHOOK_MAX_DELAY_SECONDS apart, given up
+# PILOT_WEBHOOK_GIVE_UP_SECONDS after the task ended (or the operator's re-send).
+PILOT_WEBHOOK_FIRST_RETRY_SECONDS = env_float("PILOT_WEBHOOK_FIRST_RETRY_SECONDS", 2.0,
+                                              minimum=0.01)
+PILOT_WEBHOOK_MAX_DELAY_SECONDS = env_float("PILOT_WEBHOOK_MAX_DELAY_SECONDS", 3600.0,
+                                            minimum=0.01)
+PILOT_WEBHOOK_GIVE_UP_SECONDS = env_float("PILOT_WEBHOOK_GIVE_UP_SECONDS", 86400.0, minimum=1)
 PILOT_MAX_PAYLOAD_BYTES = env_int("PILOT_MAX_PAYLOAD_BYTES", 262144, minimum=2)
 PILOT_TRIGGER_RATE = env_str("PILOT_TRIGGER_RATE", "6000/min")
 # POST /tasks/{id}/cancel and /retry, per client, together (a retry re-runs a workflow).

@@ -47,7 +47,7 @@ def transition_kwargs(name: str, task: Task | None = None) -> dict:
 
 
 def make_task(owner, *, state=S.PENDING, workflow="demo.echo", payload=None, key=None,
-              max_attempts=3) -> Task:
+              max_attempts=3, callback_url="") -> Task:
     payload = {"n": 1} if payload is None else payload
     now = timezone.now()
     with transaction.atomic():
@@ -55,7 +55,7 @@ def make_task(owner, *, state=S.PENDING, workflow="demo.echo", payload=None, key
             owner=owner, idempotency_key=key or uuid.uuid4().hex, workflow=workflow,
             payload=payload, fingerprint=fingerprint(workflow, payload),
             max_attempts=max_attempts, created_at=now, updated_at=now, enqueued_at=now,
-            next_attempt_at=now)
+            next_attempt_at=now, callback_url=callback_url)
         for name in PATHS[state]:
             store().transition(task, name, at=now, actor="test", **transition_kwargs(name, task))
     assert task.state == state

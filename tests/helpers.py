@@ -21,6 +21,18 @@ def queued_task_ids() -> list[str]:
     return [SignedPackage.loads(p)["args"][0] for p in _raw_packages()]
 
 
+def queued_messages() -> list[tuple[str, str]]:
+    """(function, argument) of every message waiting in the broker, in queue
+    order: ("workflows.worker.run_task", task id) or
+    ("workflows.worker.deliver_webhook", webhook id)."""
+    return [(m["func"], m["args"][0]) for m in map(SignedPackage.loads, _raw_packages())]
+
+
+def queued_webhooks() -> list[str]:
+    """The webhook ids of the delivery messages waiting in the broker."""
+    return [arg for func, arg in queued_messages() if func.endswith("deliver_webhook")]
+
+
 def purge_queue() -> None:
     if uses_orm_broker():
         OrmQ.objects.using(Conf.ORM).filter(key=broker().list_key).delete()
@@ -62,7 +74,12 @@ def run_at_once(n: int, fn, *, timeout: float = 120.0) -> list:
 
 def pop_queued() -> list[str]:
     """Take every waiting message off the broker (as a worker would) and return
-    the task ids, in order."""
+    the task ids, in order (webhook messages: their webhook ids)."""
+    return [arg for _, arg in pop_queued_messages()]
+
+
+def pop_queued_messages() -> list[tuple[str, str]]:
+    """Take every waiting message off the broker; (function, argument) each."""
     if uses_orm_broker():
         rows = list(OrmQ.objects.using(Conf.ORM).filter(key=broker().list_key).order_by("id"))
         OrmQ.objects.using(Conf.ORM).filter(pk__in=[r.pk for r in rows]).delete()
@@ -72,7 +89,7 @@ def pop_queued() -> list[str]:
         packages = []
         while (item := conn.lpop(key)) is not None:
             packages.append(item)
-    return [SignedPackage.loads(p)["args"][0] for p in packages]
+    return [(m["func"], m["args"][0]) for m in map(SignedPackage.loads, packages)]
 
 
 def drain(until=None, *, timeout: float = 15.0, dispatch: bool = True) -> None:
@@ -84,13 +101,14 @@ def drain(until=None, *, timeout: float = 15.0, dispatch: bool = True) -> None:
     from workflows.engine.dispatcher import dispatch_once
     from workflows.models import Task
     from workflows.states import TaskState
-    from workflows.worker import run_task
+    from workflows.worker import deliver_webhook, run_task
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ids = pop_queued()
-        for task_id in ids:
-            run_task(task_id)
+        messages = pop_queued_messages()
+        ids = [arg for _, arg in messages]
+        for func, arg in messages:
+            (deliver_webhook if func.endswith("deliver_webhook") else run_task)(arg)
         report = dispatch_once() if dispatch else None
         if until is not None:
             if until():

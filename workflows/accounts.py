@@ -7,7 +7,11 @@ import secrets
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.db import transaction
+from django.db.models.functions import Now
 from rest_framework.authtoken.models import Token
+
+from workflows.webhooks.signing import webhook_secret_new
+from workflows.webhooks.targets import target_validate
 
 
 class ApiClientRefused(Exception):
@@ -47,6 +51,45 @@ def api_client_create(name: str, *, rotate: bool = False,
         if existing:
             existing.delete()
         return user, Token.objects.create(user=user).key
+
+
+def client_webhook_check(url: str | None) -> None:
+    """Refuse (ValidationFailed) a default endpoint before anything is created."""
+    if url:
+        target_validate(url, field="webhook")
+
+
+def client_webhook_ensure(user, *, url: str | None = None,
+                          rotate_secret: bool = False) -> tuple[object, str | None]:
+    """Ensure `user` has a webhook signing secret, and set its default endpoint
+    when `url` is given ("" removes it). The URL is checked like a trigger's
+    callback_url (http(s), a public host; ValidationFailed otherwise) and
+    applies to tasks triggered from now on.
+
+    Returns (ClientWebhook, secret): secret is the new `whsec_…` when one was
+    created (first call, or `rotate_secret=True`, which replaces the old one
+    at once: deliveries from then on are signed with the new one), None when the
+    existing secret was kept — secrets are shown once."""
+    from workflows.models import ClientWebhook
+
+    client_webhook_check(url)
+    with transaction.atomic():
+        hook = ClientWebhook.objects.select_for_update().filter(owner=user).first()
+        new_secret = None
+        if hook is None:
+            new_secret = webhook_secret_new()
+            hook = ClientWebhook.objects.create(owner=user, secret=new_secret,
+                                                url=url or "")
+            return hook, new_secret
+        changes = {}
+        if rotate_secret:
+            new_secret = changes["secret"] = webhook_secret_new()
+        if url is not None:
+            changes["url"] = url
+        if changes:
+            ClientWebhook.objects.filter(pk=hook.pk).update(**changes, updated_at=Now())
+            hook.refresh_from_db()
+    return hook, new_secret
 
 
 def api_client_scope(user) -> list[str]:

@@ -10,7 +10,14 @@ class WorkflowsConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         # Imported for their side effects: checks, signals, the schedules' admin.
-        from workflows import checks, login_forms, login_guard, qadmin, schedules_admin  # noqa: F401
+        from workflows import (  # noqa: F401
+            checks,
+            login_forms,
+            login_guard,
+            qadmin,
+            schedules_admin,
+            webhooks_admin,
+        )
         from workflows.engine.schedule_definitions import schedules_sync_after_migrate
         from workflows.observability import metrics
         from workflows.registry import autodiscover

@@ -94,3 +94,14 @@ def _migrations_pending() -> bool:
         return bool(executor.migration_plan(targets))
     except Exception:  # noqa: BLE001 - cannot tell: report the cache error
         return False
+
+
+@register(Tags.security, deploy=True)
+def pilot_webhook_targets(app_configs, **kwargs):
+    """`check --deploy`: webhooks may reach the internal network (docs/webhooks.md)."""
+    if settings.PILOT_WEBHOOK_ALLOW_PRIVATE:
+        return [Warning(
+            "PILOT_WEBHOOK_ALLOW_PRIVATE is on: any API client can make PILOT's workers POST "
+            "to loopback, private and link-local addresses (cloud metadata included).",
+            hint="Unset it outside tests and closed networks.", id="pilot.W020")]
+    return []

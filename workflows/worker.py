@@ -4,6 +4,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from workflows.engine import faults
+from workflows.engine.deliveries import delivery_send
 from workflows.engine.runner import task_run
 
 
@@ -15,3 +16,10 @@ def run_task(task_id: str) -> str:
     report = task_run(task_id=task_id, drain_seconds=settings.PILOT_DRAIN_SECONDS)
     faults.fault_point("before_ack")
     return report.outcome
+
+
+def deliver_webhook(message_id: str) -> str:
+    """Send one completion webhook (by its webhook-id) once, if it is due and
+    nobody else is sending it; a duplicate or stale message is "skipped"."""
+    close_old_connections()
+    return delivery_send(message_id=message_id).outcome

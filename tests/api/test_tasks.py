@@ -22,7 +22,7 @@ def test_a_task_reads_with_its_steps(api):
     assert set(body) == {"id", "idempotency_key", "workflow", "state", "payload", "result",
                          "error", "error_type", "attempts", "max_attempts", "replays",
                          "next_attempt_at", "source", "trace_id", "created_at", "started_at",
-                         "finished_at", "expires_at", "steps"}
+                         "finished_at", "expires_at", "steps", "callback_url", "deliveries"}
     assert body["state"] == "succeeded" and body["steps"] == []
 
 

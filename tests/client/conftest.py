@@ -13,7 +13,9 @@ from tests.procs import Fleet
 def live_pilot(django_db_setup, django_db_blocker):
     """(fleet, base URL) of a running PILOT: 2 gunicorn workers, workers, dispatcher."""
     with django_db_blocker.unblock():
-        fleet = Fleet(PILOT_LOG_LEVEL="warning")
+        # Webhooks to the tests' own loopback receivers are allowed.
+        fleet = Fleet(PILOT_LOG_LEVEL="warning", PILOT_WEBHOOK_ALLOW_PRIVATE="true",
+                      PILOT_WEBHOOK_FIRST_RETRY_SECONDS="0.2")
         try:
             fleet.workers()
             fleet.dispatcher()

@@ -106,3 +106,33 @@ def test_a_secret_without_its_prefix_or_padding_works_and_an_empty_one_is_refuse
     assert verify_webhook(raw.rstrip("="), reference_headers(), BODY)["id"] == "3f0c"
     with pytest.raises(ValueError, match="empty"):
         verify_webhook("whsec_", reference_headers(), BODY)
+
+
+# --- against PILOT's own deliveries (docs/webhooks.md) -------------------------------------------
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_live_pilot_delivers_what_the_client_triggered_and_the_client_verifies_it(
+        pilot, api_client):
+    from tests.procs import wait_until
+    from tests.webhooks.receiver import Receiver
+    from workflows.accounts import client_webhook_ensure
+
+    _, secret = client_webhook_ensure(api_client[0])
+    with Receiver(lambda mid, n: (503, 0) if n == 1 else (204, 0)) as receiver:
+        run = pilot.trigger("demo.echo", {"n": 7}, callback_url=receiver.url)
+        [item] = pilot.batch([{"workflow": "demo.echo", "payload": {"n": 8},
+                               "callback_url": receiver.url}])
+        assert run.task.raw["callback_url"] == receiver.url
+        wait_until(lambda: all(d["state"] == "delivered"
+                               for t in (run.task_id, item.task.id)
+                               for d in pilot.get(t).raw["deliveries"] or [{"state": "-"}]),
+                   60, interval=0.2, what="both deliveries")
+    by_id = {r.message_id: r for r in receiver.received if r.status == 204}
+    assert set(by_id) == {f"{run.task_id}:succeeded:0", f"{item.task.id}:succeeded:0"}
+    for r in by_id.values():
+        task = verify_webhook(secret, r.headers, r.body)
+        assert task["result"]["echo"]["n"] in (7, 8)
+    [delivery] = pilot.get(run.task_id).raw["deliveries"]
+    assert (delivery["attempts"], delivery["last_status"]) == (2, 204)

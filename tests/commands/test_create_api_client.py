@@ -48,3 +48,48 @@ def test_a_client_that_may_read_everything_is_told_so(django_user_model):
     out = run("auditor")
     assert "already has a token" in out
     assert "read EVERY client's tasks, payloads and results" in out
+
+
+# --- the webhook signing secret and the default endpoint (docs/webhooks.md) -------------------
+
+def _secret_of(out: str) -> str:
+    [line] = [line for line in out.splitlines() if line.startswith("webhook signing secret: ")]
+    return line.removeprefix("webhook signing secret: ")
+
+
+def test_a_new_client_gets_its_signing_secret_printed_once_beside_the_token():
+    from workflows.models import ClientWebhook
+
+    first = run("billing-service")
+    secret = _secret_of(first)
+    assert secret.startswith("whsec_")
+    assert ClientWebhook.objects.get(owner__username="billing-service").secret == secret
+    again = run("billing-service")
+    assert _secret_of(again).startswith("kept") and "whsec_" not in again
+    assert "default webhook endpoint: (none)" in again
+
+
+def test_webhook_sets_the_default_endpoint_and_rotate_replaces_the_secret(settings):
+    from workflows.models import ClientWebhook
+
+    settings.PILOT_WEBHOOK_ALLOW_PRIVATE = True
+    secret = _secret_of(run("billing-service"))
+    out = run("billing-service", "--webhook", "http://127.0.0.1:9/hooks")
+    assert "default webhook endpoint: http://127.0.0.1:9/hooks" in out
+    assert ClientWebhook.objects.get().url == "http://127.0.0.1:9/hooks"
+    rotated = _secret_of(run("billing-service", "--rotate-webhook-secret"))
+    assert rotated.startswith("whsec_") and rotated != secret
+    assert ClientWebhook.objects.get().secret == rotated
+    run("billing-service", "--webhook", "")
+    assert ClientWebhook.objects.get().url == ""
+
+
+@pytest.mark.parametrize("url, message", [("ftp://x.example.com/", "http:// or https://"),
+                                          ("http://127.0.0.1:9/", "not a public address")])
+def test_a_bad_default_endpoint_is_refused_before_anything_is_created(url, message, settings):
+    from workflows.models import ClientWebhook
+
+    settings.PILOT_WEBHOOK_ALLOW_PRIVATE = False
+    with pytest.raises(CommandError, match=message):
+        run("newcomer", "--webhook", url)
+    assert not Token.objects.exists() and not ClientWebhook.objects.exists()

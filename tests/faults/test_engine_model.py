@@ -20,6 +20,9 @@ After every rule, invariants the database does not enforce by itself:
 - a worker holding a stale token never changes anything (task, steps, ledger);
 - the audit trail is a chain of legal edges ending in the task's state; a
   finished task owes no compensation and has no step left running;
+- every ending in the audit trail has exactly one webhook delivery (the task
+  has an endpoint), numbered by the restarts before it, and nothing else has
+  one — the outbox row is written with the ending or not at all;
 - at the end, with the failures switched off and the workers running, every
   task reaches a final state.
 
@@ -47,6 +50,8 @@ from hypothesis.stateful import (
 )
 from hypothesis.strategies import booleans, integers, sampled_from
 
+from tests.faults.invariants import violations
+from workflows.accounts import client_webhook_ensure
 from workflows.engine import faults
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.operations import task_cancel, task_retry
@@ -59,7 +64,14 @@ from workflows.errors import (
     RetryableError,
     TaskCancelled,
 )
-from workflows.models import DemoLedger, StepCheckpoint, Task, TaskReplay, TaskTransition
+from workflows.models import (
+    DemoLedger,
+    StepCheckpoint,
+    Task,
+    TaskReplay,
+    TaskTransition,
+    WebhookDelivery,
+)
 from workflows.registry import registry
 from workflows.states import FINISHED_STATES, TO_COMPENSATE, StepState
 from workflows.states import TaskState as S
@@ -68,6 +80,8 @@ pytestmark = pytest.mark.django_db
 
 WORKFLOW = "test.model_saga"
 KEY = "model-key"
+# A public address (no lookup needed); nothing is ever sent to it here.
+CALLBACK = "https://93.184.216.34/pilot-model"
 BEHAVIOURS = ("ok", "retryable", "fatal")
 
 # What the steps and compensations do, set by the rules; the plain steps'
@@ -186,7 +200,7 @@ def _snapshot():
             task.pop(name)
     steps = sorted(StepCheckpoint.objects.values_list("index", "state", "attempts",
                                                       "compensation_attempts", "progress"))
-    return task, steps, DemoLedger.objects.count()
+    return task, steps, DemoLedger.objects.count(), WebhookDelivery.objects.count()
 
 
 class EngineMachine(RuleBasedStateMachine):
@@ -195,9 +209,11 @@ class EngineMachine(RuleBasedStateMachine):
 
     @initialize(step=sampled_from(BEHAVIOURS), compensation=sampled_from(BEHAVIOURS))
     def fresh(self, step, compensation):
-        for model in (DemoLedger, TaskTransition, StepCheckpoint, TaskReplay, Task):
+        for model in (DemoLedger, TaskTransition, StepCheckpoint, TaskReplay, WebhookDelivery,
+                      Task):
             model.objects.all().delete()
         self.owner, _ = get_user_model().objects.get_or_create(username="model-owner")
+        client_webhook_ensure(self.owner)
         MODE.update(c=step, undo_b=compensation)
         EFFECTS.clear()
         self.task_id = None  # the key never expires here: one task for the whole example
@@ -260,7 +276,7 @@ class EngineMachine(RuleBasedStateMachine):
             payload = task.payload if same else {"p": -task.payload["p"]}
         try:
             outcome = task_trigger(owner=self.owner, key=KEY, workflow=WORKFLOW,
-                                   payload=payload)
+                                   payload=payload, callback_url=CALLBACK)
         except IdempotencyKeyReused:
             assert task is not None and not same
             return
@@ -392,6 +408,23 @@ class EngineMachine(RuleBasedStateMachine):
         _state_and_steps_agree(task, cps)
         assert _audit_chain(task, history) == []
 
+    def every_ending_has_exactly_one_delivery(self):
+        """Checked once per example: deliveries are only ever inserted (in the
+        transaction of the ending), so a duplicate made mid-run is still here."""
+        task = self.task()
+        if task is None:
+            return
+        endings, restarts = [], 0
+        for name, target in TaskTransition.objects.filter(task_id=task.pk).order_by(
+                "id").values_list("transition", "to_state"):
+            restarts += name == "retry"
+            if target in FINISHED_STATES:
+                endings.append((target, restarts))
+        delivered = list(WebhookDelivery.objects.filter(task_id=task.pk).order_by("id")
+                         .values_list("task_state", "restarts"))
+        assert delivered == endings, (delivered, endings)
+        assert task.restarts == restarts
+
     def teardown(self):
         """With failures switched off, the workers and the dispatcher finish it."""
         task = self.task()
@@ -412,6 +445,8 @@ class EngineMachine(RuleBasedStateMachine):
         task.refresh_from_db()
         assert task.state in FINISHED_STATES, (task.state, task.error)
         self.promises_hold()
+        self.every_ending_has_exactly_one_delivery()
+        assert violations(require_terminal=True) == []
 
 
 def test_the_engine_keeps_its_promises_under_any_interleaving():

@@ -4,15 +4,16 @@ from django.contrib.auth.models import Group
 pytestmark = pytest.mark.django_db
 
 
-def test_the_operators_group_can_view_cancel_retry_trigger_and_manage_schedules(django_user_model):
+def test_the_operators_group_can_view_cancel_retry_trigger_manage_schedules_and_resend(
+        django_user_model):
     group = Group.objects.get(name="operators")
     assert set(group.permissions.values_list("codename", flat=True)) == {
         "view_task", "view_all_tasks", "cancel_task", "retry_task", "view_stepcheckpoint",
         "view_tasktransition", "add_task", "view_pilotschedule", "add_pilotschedule",
-        "change_pilotschedule", "delete_pilotschedule"}
+        "change_pilotschedule", "delete_pilotschedule", "resend_webhook"}
     user = django_user_model.objects.create_user("op")
     user.groups.add(group)
     user = django_user_model.objects.get(pk=user.pk)
     assert user.has_perms(["workflows.cancel_task", "workflows.retry_task",
-                           "workflows.view_all_tasks"])
+                           "workflows.view_all_tasks", "workflows.resend_webhook"])
     assert not user.has_perm("workflows.change_task")

@@ -85,6 +85,27 @@ def test_dispatcher_actions_are_counted(owner):
     assert value(scrape(), "pilot_dispatcher_actions_total", action="reenqueued") == before + 1
 
 
+def test_webhook_attempts_are_counted_by_outcome(owner, settings):
+    from tests.webhooks.receiver import Receiver
+    from workflows.accounts import client_webhook_ensure
+    from workflows.models import WebhookDelivery
+
+    settings.PILOT_WEBHOOK_ALLOW_PRIVATE = True
+    settings.PILOT_WEBHOOK_FIRST_RETRY_SECONDS = 0.05
+    client_webhook_ensure(owner)
+    before = scrape()
+    with Receiver(lambda mid, n: (500, 0) if n == 1 else (204, 0)) as receiver:
+        task_trigger(owner=owner, key="hook", workflow="demo.echo", payload={},
+                     callback_url=receiver.url)
+        drain(lambda: WebhookDelivery.objects.filter(state="delivered").exists())
+    after = scrape()
+    for outcome in ("retrying", "delivered"):
+        assert (value(after, "pilot_webhook_attempts_total", outcome=outcome)
+                - value(before, "pilot_webhook_attempts_total", outcome=outcome)) == 1
+    assert (value(after, "pilot_webhook_attempt_seconds_count")
+            - value(before, "pilot_webhook_attempt_seconds_count")) == 2
+
+
 def test_task_counts_are_shared_for_the_ttl(owner, settings):
     from django.core.cache import cache
 

@@ -64,3 +64,13 @@ def test_a_missing_cache_table_is_an_error_once_the_migrations_have_run():
     with override_settings(CACHES=MISSING_TABLE):
         [error] = pilot_cache_reachable(None, databases=["default"])
     assert error.id == "pilot.E011" and "createcachetable" in error.hint
+
+
+def test_the_deploy_check_warns_when_webhooks_may_reach_private_addresses(settings):
+    from workflows.checks import pilot_webhook_targets
+
+    settings.PILOT_WEBHOOK_ALLOW_PRIVATE = False
+    assert pilot_webhook_targets(None) == []
+    settings.PILOT_WEBHOOK_ALLOW_PRIVATE = True
+    [warning] = pilot_webhook_targets(None)
+    assert warning.id == "pilot.W020" and "cloud metadata" in warning.msg

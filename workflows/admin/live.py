@@ -21,6 +21,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from workflows.admin.dashboard import dashboard_context, require_view_all
+from workflows.admin.deliveries import can_resend
 from workflows.admin.list_params import list_params_check, problems_text
 from workflows.admin.task_page import task_page
 from workflows.admin.text import state_badge
@@ -43,7 +44,8 @@ def _task(model_admin, request, now):
     task = model_admin.get_object(request, request.GET.get("id", ""))
     if task is None:
         return _error(404, "No such task")
-    context = {**task_page(task, now=now), "badge": state_badge(task.state)}
+    context = {**task_page(task, now=now), "badge": state_badge(task.state),
+               "can_resend": can_resend(request.user)}
     html = render_to_string("pilot/admin/task_live.html", context, request)
     return _answer(now, {"pilot-task-live": html}, state=task.state,
                    finished=task.is_finished)

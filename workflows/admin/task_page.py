@@ -8,7 +8,9 @@ endpoint renders the same parts again (workflows/admin/live.py). Reads only.
   running step with its elapsed time, last heartbeat, saved progress and
   "step k of n", or the backoff / wait for a worker;
 - history: every transition, with how long each attempt waited before it;
-- replays: when duplicate triggers were absorbed.
+- replays: when duplicate triggers were absorbed;
+- webhooks: its completion deliveries, attempt by attempt (only for a task
+  with an endpoint).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
+from workflows.admin.deliveries import delivery_views
 from workflows.admin.phases import WAITING, task_phases, waits_before
 from workflows.admin.text import duration_text
 from workflows.admin.timeline import task_timeline
@@ -153,7 +156,8 @@ def now_panel(task, steps: list[StepView], plan: list | None, phases: list) -> N
 
 def task_page(task, *, now: datetime) -> dict:
     """The task page's live part, as a template context: three queries (history,
-    checkpoints, replays) and the plan from the registry."""
+    checkpoints, replays), a fourth for its webhooks when it has an endpoint,
+    and the plan from the registry."""
     transitions = list(TaskTransition.objects.filter(task_id=task.pk).order_by("at", "id"))
     checkpoints = list(StepCheckpoint.objects.filter(task_id=task.pk).order_by("index"))
     replays = list(TaskReplay.objects.filter(task_id=task.pk).order_by("-at")
@@ -172,6 +176,7 @@ def task_page(task, *, now: datetime) -> dict:
         "panel": now_panel(task, steps, plan, phases),
         "history": history,
         "replays": replays,
+        "deliveries": delivery_views(task),
         "timeline_svg": task_timeline(task, phases, steps, now=now),
         "workflow_known": registry.find(task.workflow) is not None,
     }

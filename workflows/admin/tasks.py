@@ -31,7 +31,15 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from workflows.admin import bulk_views, confirm, dashboard, live, trigger, workflows_page
+from workflows.admin import (
+    bulk_views,
+    confirm,
+    dashboard,
+    deliveries,
+    live,
+    trigger,
+    workflows_page,
+)
 from workflows.admin.actions import CANCEL, RETRY, RETRY_FROM_START, actions_available
 from workflows.admin.filters import OwnerFilter, WorkflowFilter
 from workflows.admin.list_params import list_params_check, problems_text
@@ -83,6 +91,7 @@ class TaskAdmin(admin.ModelAdmin):
     ordering = ["-created_at"]
     actions = ["cancel_selected", "retry_selected", "retry_selected_from_start"]
     readonly_fields = ["payload_json", "fingerprint", "result_json", "source", "trace_id",
+                       "traceparent", "callback_url",
                        "attempts_of_max", "replays", "last_replayed_at", "next_attempt_at",
                        "lease_owner", "lease_token", "lease_expires_at", "created", "enqueued",
                        "started", "finished", "duration", "expires", "updated"]
@@ -183,7 +192,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     def get_fieldsets(self, request, obj=None):
         run = ["attempts_of_max", "replays", "last_replayed_at", "next_attempt_at", "source",
-               "trace_id", "fingerprint"]
+               "trace_id", "traceparent", "fingerprint"]
         if obj is not None and not obj.is_finished:
             run += ["lease_owner", "lease_token", "lease_expires_at"]
         return [
@@ -243,6 +252,7 @@ class TaskAdmin(admin.ModelAdmin):
             context = {**context, **task_page(task, now=timezone.now())}
             context["badge"] = state_badge(task.state)
             context["operator_actions"] = actions_available(task, request.user)
+            context["can_resend"] = deliveries.can_resend(request.user)
             context["title"] = f"Task {task.pk}"
             context["live_url"] = reverse("admin:workflows_task_live") + "?" + urlencode(
                 {"view": "task", "id": str(task.pk)})
@@ -279,6 +289,8 @@ class TaskAdmin(admin.ModelAdmin):
                  name="workflows_task_bulk_done"),
             path("<path:object_id>/transition/<str:action_name>/",
                  view(confirm.transition_view), name="workflows_task_transition"),
+            path("<path:object_id>/webhook/<int:delivery_id>/resend/",
+                 view(deliveries.resend_view), name="workflows_task_resend"),
             *super().get_urls(),
         ]
 

@@ -46,7 +46,8 @@ def trigger_view(model_admin, request):
         try:
             outcome = task_trigger(owner=request.user, key=data["idempotency_key"],
                                    workflow=data["workflow"], payload=data["payload"],
-                                   source=Source.ADMIN)
+                                   source=Source.ADMIN, trace_id=getattr(request, "trace_id", ""),
+                                   traceparent=getattr(request, "traceparent", ""))
         except PilotError as error:
             form.add_engine_error(error)
         else:

@@ -1,42 +1,5 @@
-"""The task representation of SPEC §8, built directly.
+"""The API's task representation: workflows.representation (the webhooks send it too)."""
 
-`TaskSerializer` documents this shape (the OpenAPI schema is generated from
-it) and `tests/api/test_representation.py` holds the two to the same output.
-Building the dict by hand instead of running the ModelSerializer per task is
-what makes a 1000-item batch answer in milliseconds rather than a second:
-DRF rebuilds a ModelSerializer's fields for every instance it is given.
-"""
+from workflows.representation import delivery_data, step_data, task_data
 
-from __future__ import annotations
-
-from datetime import datetime
-
-
-def _when(value: datetime | None) -> str | None:
-    if value is None:
-        return None
-    text = value.isoformat()
-    return text[:-6] + "Z" if text.endswith("+00:00") else text  # as DRF writes it
-
-
-def step_data(step) -> dict:
-    return {"index": step.index, "name": step.name, "state": step.state,
-            "attempts": step.attempts, "output": step.output, "error": step.error,
-            "started_at": _when(step.started_at), "finished_at": _when(step.finished_at)}
-
-
-def task_data(task, steps=None) -> dict:
-    """The representation of `task`; `steps` defaults to its prefetched or
-    stored checkpoints in index order."""
-    if steps is None:
-        steps = sorted(task.steps.all(), key=lambda s: s.index)
-    return {
-        "id": str(task.pk), "idempotency_key": task.idempotency_key, "workflow": task.workflow,
-        "state": task.state, "payload": task.payload, "result": task.result,
-        "error": task.error, "error_type": task.error_type, "attempts": task.attempts,
-        "max_attempts": task.max_attempts, "replays": task.replays,
-        "next_attempt_at": _when(task.next_attempt_at), "source": task.source,
-        "trace_id": task.trace_id, "created_at": _when(task.created_at),
-        "started_at": _when(task.started_at), "finished_at": _when(task.finished_at),
-        "expires_at": _when(task.expires_at), "steps": [step_data(s) for s in steps],
-    }
+__all__ = ["delivery_data", "step_data", "task_data"]

@@ -13,6 +13,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, Polymorphic
 from rest_framework import serializers
 
 from workflows.api.serializers import (
+    CALLBACK_URL_HELP,
     BatchResponseSerializer,
     KeyField,
     ProblemSerializer,
@@ -55,6 +56,15 @@ def errors(*statuses: int) -> dict:
         ProblemSerializer, description=f"Problem: {CODES[s]}") for s in statuses}
 
 
+# No pattern: an invalid traceparent is ignored, as W3C Trace Context requires,
+# never refused.
+TRACEPARENT = OpenApiParameter(
+    "traceparent", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+    description="W3C trace context (`00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`). "
+                "A new task stores it: its worker's log lines carry its trace id, its spans "
+                "continue it (when OpenTelemetry is configured) and its webhooks send it on. "
+                "An invalid value is ignored (a new trace starts), never refused.")
+
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key", KEY_SCHEMA, OpenApiParameter.HEADER, required=False,
     description="The request's idempotency key: 1-255 visible ASCII characters (0x21-0x7E), "
@@ -69,7 +79,18 @@ TRIGGER_DESCRIPTION = (
     "200 with `Idempotent-Replayed: true` for a replay of a pending, running, retrying or "
     "succeeded task (the same task, with its result when it has one); 202 when a failed task "
     "is restarted from its checkpoints; 409 `task_cancelled`; 422 `idempotency_key_reused` "
-    "when the key was used for a different workflow or payload.")
+    "when the key was used for a different workflow or payload.\n\n"
+    "**Completion webhooks.** With `callback_url` (or the client's default endpoint) PILOT "
+    "POSTs the task representation (without `deliveries`) when the task ends — succeeded, "
+    "failed or cancelled — signed the Standard Webhooks way: headers `webhook-id` "
+    "(`<task id>:<state>:<n>`, n = the task's restarts; stable across retries: dedupe on it), "
+    "`webhook-timestamp`, `webhook-signature` (`v1,<base64 HMAC-SHA256 of "
+    "\"<id>.<timestamp>.<body>\">` keyed with the client's `whsec_` secret) and "
+    "`traceparent`. A 2xx is delivered; anything else, or no answer within 10 s, is retried "
+    "with exponential backoff and full jitter (first within 2 s, doubling, at most 1 h apart) "
+    "for up to 24 h. Each delivery is listed in the task's `deliveries`.\n\n"
+    "**Trace context.** A W3C `traceparent` header is stored with a new task and continued in "
+    "its worker's logs, its spans (with OpenTelemetry) and its webhooks.")
 
 TRIGGER_RESPONSE_HEADERS = [
     OpenApiParameter("Idempotent-Replayed", {"type": "string", "enum": ["true", "false"]},
@@ -107,6 +128,7 @@ class BatchItemDoc(serializers.Serializer):
     idempotency_key = serializers.JSONField(required=False, help_text="A key, as in the header.")
     workflow = serializers.JSONField(required=False, help_text="A registered workflow name.")
     payload = serializers.JSONField(required=False, help_text="A JSON object.")
+    callback_url = serializers.JSONField(required=False, help_text=CALLBACK_URL_HELP)
 
 
 class BatchRequestDoc(serializers.Serializer):
@@ -115,7 +137,7 @@ class BatchRequestDoc(serializers.Serializer):
     tasks = serializers.ListField(
         child=serializers.JSONField(allow_null=True), min_length=1, max_length=MAX_BATCH,
         help_text=f"1 to {MAX_BATCH} triggers, each an object with idempotency_key, workflow "
-                  "and payload (BatchItemDoc).")
+                  "and payload, and optionally callback_url (BatchItemDoc).")
 
 
 class _BatchItemDocHolder(serializers.Serializer):
@@ -152,6 +174,8 @@ def trigger_shapes() -> dict:
                 "task_id": KeyField(
                     KEY_PATTERN, required=False, min_length=1, max_length=512,
                     help_text="The idempotency key, if not in the Idempotency-Key header."),
+                "callback_url": serializers.URLField(required=False, max_length=2000,
+                                                     help_text=CALLBACK_URL_HELP),
             })
         _trigger_shapes.clear()
         _trigger_shapes[names] = shapes

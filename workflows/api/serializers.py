@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from workflows.engine.triggers import MAX_BATCH
-from workflows.models import StepCheckpoint, Task
+from workflows.models import DeliveryState, StepCheckpoint, Task
+from workflows.representation import delivery_data, task_deliveries
 from workflows.states import TaskState
 
 
@@ -91,19 +93,65 @@ class StepSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class AttemptSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField(help_text="1 for the first POST of the delivery.")
+    at = serializers.DateTimeField(allow_null=True)
+    status = serializers.IntegerField(allow_null=True, help_text="null: no HTTP answer.")
+    error = serializers.CharField(allow_blank=True, help_text="Empty after a 2xx.")
+    duration_ms = serializers.FloatField(allow_null=True)
+
+
+class DeliverySerializer(serializers.Serializer):
+    """One completion webhook of the task (docs/webhooks.md)."""
+
+    id = serializers.CharField(help_text="The webhook-id header: <task id>:<state>:<n>, where n "
+                                         "counts the task's restarts. Dedupe on it.")
+    state = serializers.ChoiceField(choices=DeliveryState.choices,
+                                    help_text="pending (being sent or retried), delivered "
+                                              "(a 2xx answer), failed (given up after 24 h).")
+    attempts = serializers.IntegerField(help_text="POSTs attempted so far.")
+    last_status = serializers.IntegerField(allow_null=True, help_text=(
+        "The HTTP status of the last attempt; null when it got no answer."))
+    last_error = serializers.CharField(allow_blank=True, help_text=(
+        "Why the last attempt did not count as delivered; empty after a 2xx."))
+    next_attempt_at = serializers.DateTimeField(allow_null=True, help_text=(
+        "When a pending delivery is tried next."))
+    delivered_at = serializers.DateTimeField(allow_null=True)
+    created_at = serializers.DateTimeField(help_text="When the task reached the state.")
+    attempt_log = AttemptSerializer(many=True, help_text=(
+        "The last 20 attempts with a recorded outcome, oldest first. An attempt counted in "
+        "`attempts` but missing here was lost with its worker (and retried)."))
+
+    def to_representation(self, instance):
+        return delivery_data(instance)
+
+
 class TaskSerializer(serializers.ModelSerializer):
     payload = serializers.JSONField()
     result = serializers.JSONField(allow_null=True)
     steps = StepSerializer(many=True, read_only=True)
     state = serializers.ChoiceField(choices=TaskState.choices)
+    callback_url = serializers.SerializerMethodField(help_text=(
+        "Where the task's completion webhooks go: the trigger's callback_url, else the "
+        "client's default endpoint when the task was triggered; null for none."))
+    deliveries = serializers.SerializerMethodField(help_text=(
+        "Its completion webhooks, one per terminal state it reached, oldest first."))
 
     class Meta:
         model = Task
         fields = ["id", "idempotency_key", "workflow", "state", "payload", "result", "error",
                   "error_type", "attempts", "max_attempts", "replays", "next_attempt_at",
                   "source", "trace_id", "created_at", "started_at", "finished_at",
-                  "expires_at", "steps"]
+                  "expires_at", "steps", "callback_url", "deliveries"]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.URLField(allow_null=True))
+    def get_callback_url(self, task):
+        return task.callback_url or None
+
+    @extend_schema_field(DeliverySerializer(many=True))
+    def get_deliveries(self, task):
+        return [delivery_data(d) for d in task_deliveries(task)]
 
 
 class BatchResultSerializer(serializers.Serializer):
@@ -140,10 +188,17 @@ class WorkflowSerializer(serializers.Serializer):
 
 # --- in ---------------------------------------------------------------------------------
 
+CALLBACK_URL_HELP = (
+    "Where to POST the task's completion webhook (http or https; private, loopback and "
+    "link-local hosts are refused). Without it, the client's default endpoint, if it has one. "
+    "See docs/webhooks.md.")
+
+
 class TriggerSerializer(StrictSerializer):
     workflow = StringField(max_length=200, help_text="A registered workflow name.")
     payload = PayloadField(required=False, default=dict,
                            help_text="The workflow's input (a JSON object).")
+    callback_url = StringField(required=False, max_length=2000, help_text=CALLBACK_URL_HELP)
     task_id = KeyField(
         r"^[\x21-\x7e]+$", required=False, min_length=1, max_length=512,
         help_text="The idempotency key, if not sent in the Idempotency-Key header.")
@@ -153,6 +208,7 @@ class BatchItemSerializer(StrictSerializer):
     idempotency_key = StringField(required=False, max_length=300)
     workflow = StringField(max_length=200)
     payload = PayloadField(required=False, default=dict)
+    callback_url = StringField(required=False, max_length=2000)
 
 
 class BatchSerializer(StrictSerializer):

@@ -3,7 +3,7 @@ function, serialize. Errors are raised and rendered by api.problems."""
 
 from __future__ import annotations
 
-from django.db.models import Prefetch
+from django.db.models import Prefetch, prefetch_related_objects
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.permissions import IsAuthenticated
@@ -59,13 +59,24 @@ def _key_from(request, body_key):
     return header if header is not None else body_key
 
 
+def _with_deliveries(tasks) -> list:
+    """`tasks` with their deliveries prefetched: one query, only when one of
+    them has an endpoint (a task without one has none)."""
+    tasks = list(tasks)
+    prefetch_related_objects([t for t in tasks if t.callback_url], "deliveries")
+    return tasks
+
+
 def _trigger_response(outcome) -> Response:
     task = outcome.task
-    steps = [] if outcome.outcome == "created" else None  # a new task has no steps yet
+    created = outcome.outcome == "created"
+    steps = [] if created else None  # a new task has no steps yet
+    deliveries = [] if created else None  # nor deliveries
     headers = {"Idempotent-Replayed": "true" if outcome.replayed else "false"}
     if outcome.http_status == status.HTTP_202_ACCEPTED:
         headers["Location"] = f"/api/v1/tasks/{task.pk}"
-    return Response(task_data(task, steps), status=outcome.http_status, headers=headers)
+    return Response(task_data(task, steps, deliveries), status=outcome.http_status,
+                    headers=headers)
 
 
 def _validated(serializer_class, data, what: str = "The request body"):
@@ -99,17 +110,20 @@ class TaskCollectionView(APIView):
         tasks = tasks_filtered_for(request.user, request.query_params)
         paginator = TaskCursorPagination()
         page = paginator.paginate_queryset(_with_steps(tasks), request, view=self)
-        return paginator.get_paginated_response([task_data(task) for task in page])
+        return paginator.get_paginated_response([task_data(task)
+                                                 for task in _with_deliveries(page)])
 
     @extend_schema(operation_id="tasks_trigger", request=docs.TRIGGER_REQUEST,
-                   parameters=[docs.IDEMPOTENCY_KEY, *docs.TRIGGER_RESPONSE_HEADERS],
+                   parameters=[docs.IDEMPOTENCY_KEY, docs.TRACEPARENT,
+                               *docs.TRIGGER_RESPONSE_HEADERS],
                    responses=docs.TRIGGER_RESPONSES,
                    description=docs.TRIGGER_DESCRIPTION)
     def post(self, request):
         data = _validated(TriggerSerializer, request.data)
         outcome = task_trigger(owner=request.user, key=_key_from(request, data.get("task_id")),
                                workflow=data["workflow"], payload=data["payload"],
-                               source=Source.API, trace_id=request.trace_id)
+                               callback_url=data.get("callback_url"), source=Source.API,
+                               trace_id=request.trace_id, traceparent=request.traceparent)
         return _trigger_response(outcome)
 
 
@@ -120,6 +134,7 @@ class TaskBatchView(APIView):
     max_body_bytes = MAX_BATCH_BODY_BYTES
 
     @extend_schema(operation_id="tasks_trigger_batch", request=docs.BatchRequestDoc,
+                   parameters=[docs.TRACEPARENT],
                    responses=docs.BATCH_RESPONSES, description=docs.BATCH_DESCRIPTION)
     def post(self, request):
         items = _validated(BatchSerializer, request.data)["tasks"]
@@ -132,19 +147,25 @@ class TaskBatchView(APIView):
                 results[index] = pilot_error_dict(exc)
                 continue
             requests.append((index, TriggerRequest(data["workflow"], data["payload"],
-                                                   data.get("idempotency_key"))))
+                                                   data.get("idempotency_key"),
+                                                   data.get("callback_url"))))
         if requests:
             outcomes = task_trigger_many(owner=request.user, requests=[r for _, r in requests],
-                                         source=Source.BATCH, trace_id=request.trace_id)
+                                         source=Source.BATCH, trace_id=request.trace_id,
+                                         traceparent=request.traceparent)
             tasks = [o.task for o in outcomes if not isinstance(o, PilotError)]
             steps = _steps_by_task(tasks)
+            _with_deliveries(o.task for o in outcomes
+                             if not isinstance(o, PilotError) and o.outcome != "created")
             for (index, _), outcome in zip(requests, outcomes, strict=True):
                 if isinstance(outcome, PilotError):
                     results[index] = pilot_error_dict(outcome)
                     continue
                 task = outcome.task
                 results[index] = {"status": outcome.http_status, "replayed": outcome.replayed,
-                                  "task": task_data(task, steps.get(task.pk, []))}
+                                  "task": task_data(task, steps.get(task.pk, []),
+                                                    [] if outcome.outcome == "created"
+                                                    else None)}
         return Response({"results": [_batch_item(r) for r in results]})
 
 
@@ -179,7 +200,7 @@ class TaskDetailView(APIView):
                                                          **docs.errors(401, 404)})
     def get(self, request, task_id):
         task = task_get_for(request.user, task_id)
-        return Response(task_data(task))
+        return Response(task_data(task))  # its deliveries: one query, only with an endpoint
 
 
 class TaskCancelView(APIView):

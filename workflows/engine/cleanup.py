@@ -6,7 +6,8 @@
      WHERE <finished and past the horizon> [AND workflow = …]
      LIMIT batch FOR UPDATE SKIP LOCKED
     -- re-check each locked row is still finished and past the horizon
-    DELETE steps, transitions, replays, then the tasks (`tasks_delete`)
+    DELETE steps, webhook deliveries, transitions, replays, then the tasks
+      (`tasks_delete`)
     COMMIT
 
 Why it is safe beside everything else that runs:
@@ -39,7 +40,7 @@ from django.db import transaction
 from django.utils import timezone
 from django_q.models import Task as QResult
 
-from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition
+from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition, WebhookDelivery
 from workflows.observability.events import emit
 from workflows.states import FINISHED_STATES
 
@@ -55,6 +56,7 @@ def tasks_delete(task_ids: list) -> int:
     if not task_ids:
         return 0
     StepCheckpoint.objects.filter(task_id__in=task_ids)._raw_delete(StepCheckpoint.objects.db)
+    WebhookDelivery.objects.filter(task_id__in=task_ids)._raw_delete(WebhookDelivery.objects.db)
     TaskTransition.objects.filter(task_id__in=task_ids)._raw_delete(TaskTransition.objects.db)
     TaskReplay.objects.filter(task_id__in=task_ids)._raw_delete(TaskReplay.objects.db)
     return Task.objects.filter(pk__in=task_ids)._raw_delete(Task.objects.db)

@@ -36,6 +36,7 @@ from workflows.engine.runner import MISSING, StepFailure, describe
 from workflows.engine.store import rows as step_rows
 from workflows.errors import WorkerSignal
 from workflows.models import StepCheckpoint
+from workflows.observability import tracing
 from workflows.states import TO_COMPENSATE, StepState, TaskState
 
 DONE, DEFERRED = "done", "deferred"
@@ -78,24 +79,35 @@ def _compensate_one(run, cp: StepCheckpoint, problems: list[str]) -> Iterator[st
     yield "compensation_started"
     ctx = run._context(cp.index, step, {}, atomic=step.compensation_atomic, compensating=True,
                        output=cp.output)
-    try:
-        if step.compensation_atomic:
-            def body():
-                step.compensation(ctx)
-                run.write([step_rows.compensated(cp.index, cp.name, run.clock.now())])
-                return DONE
-
-            run.atomically(body, lambda: _settle(run, cp))
-        else:
-            _call(step, ctx)
-            faults.fault_point("after_compensation_body")
-            run.write([step_rows.compensated(cp.index, cp.name, run.clock.now())])
-    except (_CompensationError, StepFailure) as failure:
-        return _failed(run, cp, attempt, failure.exc, problems)
+    with tracing.span("pilot.compensate", parent=run.task.traceparent, task_id=run.task_id,
+                      workflow=run.task.workflow, step=cp.name, attempt=attempt) as span:
+        try:
+            _run_compensation(run, cp, step, ctx)
+            failed = None
+        except (_CompensationError, StepFailure) as failure:
+            tracing.span_failed(span, failure.exc)
+            failed = failure
+    if failed is not None:
+        return _failed(run, cp, attempt, failed.exc, problems)
     run.report.compensations_run.append(cp.name)
     run._emit("step_compensated", step=cp.name, attempt=attempt)
     yield "compensated"
     return DONE
+
+
+def _run_compensation(run, cp: StepCheckpoint, step, ctx) -> None:
+    """The body and its `compensated` record: together (atomic), or in turn."""
+    if step.compensation_atomic:
+        def body():
+            step.compensation(ctx)
+            run.write([step_rows.compensated(cp.index, cp.name, run.clock.now())])
+            return DONE
+
+        run.atomically(body, lambda: _settle(run, cp))
+        return
+    _call(step, ctx)
+    faults.fault_point("after_compensation_body")
+    run.write([step_rows.compensated(cp.index, cp.name, run.clock.now())])
 
 
 class _CompensationError(Exception):  # noqa: N818

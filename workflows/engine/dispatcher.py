@@ -15,6 +15,8 @@ One pass (`dispatch_once`) reads the database's clock once and then:
    and no worker has claimed anything for as long (their messages were lost, or
    every worker restarted): a few messages, since each woken worker drains the
    queue. A task merely queued behind others gets no second message.
+4. enqueues the completion webhooks that are due: retries whose backoff
+   elapsed, lost messages, attempts whose sender died (deliveries.py).
 
 Each scan is one short transaction over SELECT … FOR UPDATE SKIP LOCKED, so
 any number of dispatchers on any number of machines can run at once without
@@ -39,6 +41,7 @@ from django.db import transaction
 from django.db.models import Min, Q
 
 from workflows.backoff import backoff_delay
+from workflows.engine.deliveries import deliveries_enqueue_due
 from workflows.engine.enqueue import enqueue_on_commit
 from workflows.engine.leases import worker_id
 from workflows.engine.plans import owed_compensations
@@ -64,6 +67,7 @@ class DispatchReport:
     compensations_enqueued: int = 0
     cancels_finished: int = 0
     reenqueued: int = 0
+    deliveries_enqueued: int = 0
     errors: int = 0
     db_now: datetime | None = None
     next_due: datetime | None = None
@@ -73,7 +77,7 @@ class DispatchReport:
     def actions(self) -> int:
         return (self.recovered + self.failed + self.compensations_started
                 + self.retries_enqueued + self.compensations_enqueued + self.cancels_finished
-                + self.reenqueued)
+                + self.reenqueued + self.deliveries_enqueued)
 
     def as_dict(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items()
@@ -88,6 +92,8 @@ def dispatch_once(*, batch: int = BATCH, actor: str | None = None) -> DispatchRe
     _recover_expired_leases(now, batch, actor, report)
     _enqueue_due(now, batch, actor, report)
     _reenqueue_lost(now, batch, report)
+    report.deliveries_enqueued, full = deliveries_enqueue_due(now, batch=batch)
+    report.full = report.full or full
     report.next_due = (Task.objects.filter(state__in=[TaskState.RETRYING, *COMPENSATION_STATES],
                                            next_attempt_at__gt=now)
                        .aggregate(m=Min("next_attempt_at"))["m"])

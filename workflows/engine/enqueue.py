@@ -1,8 +1,9 @@
 """The one door to django-q2 (STYLE practice 6).
 
-A message carries only a task id (a string); the worker re-reads everything
-from the database and claims under a lock, so a duplicate or stale message is
-harmless.
+A message carries only a task id (a string) — or, for a completion webhook, a
+delivery's `webhook-id` (`<task id>:<state>:<n>`); the worker re-reads
+everything from the database and claims under a lock (a delivery: under its
+claim token), so a duplicate or stale message is harmless.
 
 - `enqueue_on_commit(ids)` is the safe call. With the ORM broker the queue row
   is written inside the caller's transaction (a transactional outbox): a
@@ -31,6 +32,7 @@ from django_q.signing import SignedPackage
 from workflows.observability.events import emit
 
 RUN_TASK = "workflows.worker.run_task"
+DELIVER_WEBHOOK = "workflows.worker.deliver_webhook"
 
 _broker = None
 
@@ -47,24 +49,27 @@ def uses_orm_broker() -> bool:
     return bool(Conf.ORM)
 
 
-def _package(task_id: str) -> str:
+def _package(arg: str, func: str) -> str:
+    kind = "" if func == RUN_TASK else "webhook-"
     return SignedPackage.dumps({
         "id": uuid.uuid4().hex,
-        "name": f"pilot-{task_id}",
-        "func": RUN_TASK,
-        "args": (task_id,),
+        "name": f"pilot-{kind}{arg}",
+        "func": func,
+        "args": (arg,),
         "kwargs": {},
         "started": timezone.now(),
         "ack_failure": True,
     })
 
 
-def enqueue_rollback_unsafe(task_ids: Iterable, *, front: bool = False) -> int:
+def enqueue_rollback_unsafe(task_ids: Iterable, *, front: bool = False,
+                            func: str = RUN_TASK) -> int:
     """Push one message per task now. Returns how many were pushed. `front`
     puts them ahead of the waiting messages where the broker can (Redis):
     for work already under way — due retries, recovered and orphaned tasks —
-    which should not wait behind a backlog of new triggers."""
-    packages = [_package(str(task_id)) for task_id in task_ids]
+    which should not wait behind a backlog of new triggers. `func`:
+    RUN_TASK (ids are task ids) or DELIVER_WEBHOOK (ids are webhook ids)."""
+    packages = [_package(str(task_id), func) for task_id in task_ids]
     if not packages:
         return 0
     b = broker()
@@ -81,25 +86,32 @@ def enqueue_rollback_unsafe(task_ids: Iterable, *, front: bool = False) -> int:
     return len(packages)
 
 
-def enqueue_on_commit(task_ids: Iterable, *, front: bool = False) -> None:
+def enqueue_on_commit(task_ids: Iterable, *, front: bool = False,
+                      func: str = RUN_TASK) -> None:
     """Enqueue the tasks so that the message exists iff the caller's transaction
     commits (ORM broker) or is pushed right after it commits (Redis); `front`
-    as in enqueue_rollback_unsafe."""
+    and `func` as in enqueue_rollback_unsafe."""
     ids = [str(task_id) for task_id in task_ids]
     if not ids:
         return
     if uses_orm_broker():
-        enqueue_rollback_unsafe(ids)  # same database: part of the caller's transaction
+        enqueue_rollback_unsafe(ids, func=func)  # same database: part of the caller's transaction
     else:
-        transaction.on_commit(lambda: _push_after_commit(ids, front))
+        transaction.on_commit(lambda: _push_after_commit(ids, front, func))
 
 
-def _push_after_commit(ids: list[str], front: bool) -> None:
+def deliveries_enqueue_on_commit(message_ids: Iterable, *, front: bool = False) -> None:
+    """Enqueue webhook deliveries (by `webhook-id`) the same way; a lost
+    message is sent again by the dispatcher (deliveries.deliveries_enqueue_due)."""
+    enqueue_on_commit(message_ids, front=front, func=DELIVER_WEBHOOK)
+
+
+def _push_after_commit(ids: list[str], front: bool, func: str) -> None:
     """The committed tasks exist whatever happens here; if the broker is down,
     say so and let the dispatcher enqueue them again after
     PILOT_REENQUEUE_SECONDS instead of failing a request that succeeded."""
     try:
-        enqueue_rollback_unsafe(ids, front=front)
+        enqueue_rollback_unsafe(ids, front=front, func=func)
     except Exception as exc:  # noqa: BLE001 - any broker failure; the dispatcher covers it
         emit("enqueue_failed", level=logging.WARNING, count=len(ids),
              error=f"{type(exc).__name__}: {exc}"[:300])

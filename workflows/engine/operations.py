@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from workflows.engine.audit import actor_for
+from workflows.engine.deliveries import deliveries_freeze
 from workflows.engine.enqueue import enqueue_on_commit
 from workflows.engine.plans import cancel_plan, owed_compensations, retry_plan
 from workflows.engine.store import store
@@ -102,8 +103,9 @@ def task_retry(*, task_id, user, from_start: bool = False, reason: str = "",
 def task_restart(task: Task, *, actor: str, from_start: bool = False, reason: str = "") -> None:
     """Apply `retry` to `task`, which the caller holds locked (FOR UPDATE) and
     read with the database's time (`pilot_db_now`): reset the steps the plan
-    names, move the task back to pending (enqueued_at stamped; the caller
-    enqueues it). Raises InvalidTransition when the plan refuses."""
+    names, fix the body of any webhook of its ending not yet sent, move the task
+    back to pending (enqueued_at stamped; the caller enqueues it). Raises
+    InvalidTransition when the plan refuses."""
     steps = list(StepCheckpoint.objects.filter(task_id=task.pk))
     plan = retry_plan(task, steps, from_start=from_start)
     if not plan.allowed:
@@ -116,6 +118,7 @@ def task_restart(task: Task, *, actor: str, from_start: bool = False, reason: st
         StepCheckpoint.objects.filter(task_id=task.pk, index__in=plan.keep_as_done).update(
             state=StepState.SUCCEEDED, compensation_attempts=0)
     now = task.pilot_db_now
+    deliveries_freeze(task)  # the webhooks of the ending keep announcing the ending
     store().transition(task, "retry", at=now, actor=actor,
                        reason=reason or plan.summary, budget=plan.budget, now=now,
                        set_fields={"enqueued_at": now})

@@ -28,10 +28,15 @@ and a control-flow signal escaping it would kill the worker process.
 The run is a generator of the points just after each durable write
 (`Run.steps()`), so a test can interleave several workers, cancels, crashes
 and dispatcher passes exactly there; `task_run` drives it to the end.
+
+Trace context (docs/tracing.md): once the task is claimed, `task_run` binds
+its stored trace id to every log record of the run, and with OpenTelemetry
+the claim and each step body are spans under the task's `traceparent`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -57,6 +62,7 @@ from workflows.engine.store import StepRow, store
 from workflows.engine.store import rows as step_rows
 from workflows.errors import CancelRequested, LeaseLost, WorkerSignal, WorkflowChanged
 from workflows.models import StepCheckpoint, Task, TaskTransition
+from workflows.observability import tracing
 from workflows.observability.events import emit, emit_on_commit, log_context
 from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, Step, registry
 from workflows.states import TO_COMPENSATE, TaskState
@@ -136,9 +142,17 @@ def tasks_drain(*, worker: str | None = None, until: float, first=None) -> int:
 
 
 def _drive(run: Run) -> Run:
-    with log_context(task_id=run.task_id):
+    """Run `run` to its end with its task and trace bound to every log line
+    (the trace is known once the task is claimed)."""
+    with contextlib.ExitStack() as bound:
+        if run.task_id is not None:
+            bound.enter_context(log_context(task_id=run.task_id))
+        traced = False
         for _ in run.steps():
-            pass
+            if not traced and run.task is not None:
+                traced = True
+                bound.enter_context(log_context(task_id=run.task_id,
+                                                trace_id=run.task.trace_id or None))
     return run
 
 
@@ -185,6 +199,7 @@ class Run:
     def _run(self) -> Iterator[str]:
         # A claim has no side effect before it commits: a connection error (or
         # SQLite's busy writer) is retried like a read.
+        started_ns = tracing.now_ns()
         if self.claimed is not None:
             claimed, compensating = self.claimed, False
         elif self.task_id is None:
@@ -206,6 +221,11 @@ class Run:
             self.report.outcome = "skipped"
             return
         self._hold(claimed)
+        if started_ns:
+            tracing.span_record("pilot.claim", parent=self.task.traceparent,
+                                started_ns=started_ns, task_id=self.task_id,
+                                workflow=self.task.workflow, attempt=self.task.attempts,
+                                state=self.task.state, worker=self.worker)
         faults.fault_point("after_claim")
         yield "claimed"
         try:
@@ -273,11 +293,19 @@ class Run:
             self.in_flight = InFlight(index, step)
             started = time.monotonic()
             self._emit("step_started", level=logging.DEBUG, step=step.name)
-            try:
-                output = self._step(index, step, outputs, following)
-            except StepFailure as failure:
+            with tracing.span("pilot.step", parent=self.task.traceparent, task_id=self.task_id,
+                              workflow=self.task.workflow, step=step.name, index=index,
+                              attempt=self.task.attempts) as span:
+                try:
+                    output = self._step(index, step, outputs, following)
+                except StepFailure as failure:
+                    tracing.span_failed(span, failure.exc)
+                    failed = failure
+                else:
+                    failed = None
+            if failed is not None:
                 self.in_flight = None
-                yield from self._attempt_failed(index, step, failure.exc)
+                yield from self._attempt_failed(index, step, failed.exc)
                 return
             self.in_flight = None
             # DEBUG: a line per step is volume, not news (the audit trail and the

@@ -25,6 +25,11 @@ A single trigger first asks the store for its fast path (on PostgreSQL: a new
 key in one statement, a plain replay in one more; store/queries.sql) and falls
 back to this general path for everything else. Every time is the database's:
 a key's expiry is judged by its clock, and the times a trigger stamps are its.
+
+A new task keeps its trigger's `callback_url` (checked here: http(s), a public
+host — docs/webhooks.md), else its owner's default endpoint, and its trace
+context (`traceparent`, docs/tracing.md). A replay or restart keeps the ones
+the task was created with.
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ from collections import defaultdict
 
 from django.conf import settings
 from django.db import OperationalError, transaction
-from django.db.models import Max, Sum
-from django.db.models.functions import Now
+from django.db.models import Max, Subquery, Sum, Value
+from django.db.models.functions import Coalesce, Now
 
 from workflows.engine.audit import actor_for
 from workflows.engine.enqueue import enqueue_on_commit, uses_orm_broker
@@ -61,10 +66,12 @@ from workflows.fingerprint import (
     normalize_key,
     payload_depth,
 )
-from workflows.models import Task, TaskReplay
+from workflows.models import ClientWebhook, Task, TaskReplay
+from workflows.observability import tracing
 from workflows.observability.events import emit_on_commit
 from workflows.registry import Workflow, registry
 from workflows.states import REPLAYABLE_STATES, Source, TaskState
+from workflows.webhooks.targets import target_validate
 
 MAX_BATCH = 1000
 _RACE_ROUNDS = 5
@@ -75,11 +82,13 @@ _STATUS = {CREATED: 202, REPLAYED: 200, RESTARTED: 202}
 
 @dataclasses.dataclass(frozen=True)
 class TriggerRequest:
-    """One trigger as a client sent it. `key` may be bare, quoted or None."""
+    """One trigger as a client sent it. `key` may be bare, quoted or None;
+    `callback_url` None (the owner's default endpoint, if any) or a URL."""
 
     workflow: object
     payload: object
     key: object = None
+    callback_url: object = None
 
 
 @dataclasses.dataclass
@@ -103,31 +112,38 @@ class _Prepared:
     workflow: Workflow
     payload: dict
     fingerprint: str
+    callback_url: str = ""  # "" = the owner's default endpoint, if any
 
 
 def task_trigger(*, owner, workflow, payload, key=None, source: str = Source.API,
-                 trace_id: str = "") -> TriggerOutcome:
+                 trace_id: str = "", traceparent: str = "",
+                 callback_url=None) -> TriggerOutcome:
     """Trigger one workflow run idempotently; see the module docstring.
 
     Raises a PilotError subclass for every refusal (invalid key, unknown
-    workflow, invalid payload, 409, 422). Takes row locks on the (owner, key)
-    task for the length of one short transaction. A second identical call
-    replays; it never creates a second task or a second enqueue.
+    workflow, invalid payload or callback_url, 409, 422). Takes row locks on the
+    (owner, key) task for the length of one short transaction. A second
+    identical call replays; it never creates a second task or a second enqueue.
     """
-    [result] = task_trigger_many(owner=owner, requests=[TriggerRequest(workflow, payload, key)],
-                                 source=source, trace_id=trace_id)
+    [result] = task_trigger_many(owner=owner, requests=[TriggerRequest(workflow, payload, key,
+                                                                       callback_url)],
+                                 source=source, trace_id=trace_id, traceparent=traceparent)
     if isinstance(result, PilotError):
         raise result
     return result
 
 
 def task_trigger_many(*, owner, requests: list[TriggerRequest], source: str = Source.BATCH,
-                      trace_id: str = "") -> list[TriggerOutcome | PilotError]:
+                      trace_id: str = "",
+                      traceparent: str = "") -> list[TriggerOutcome | PilotError]:
     """Trigger up to MAX_BATCH runs in one transaction and a handful of queries.
 
     Returns one entry per request, in input order: a TriggerOutcome, or the
     PilotError that request would have raised alone. Raises ValidationFailed
-    for a malformed batch (empty or too long)."""
+    for a malformed batch (empty or too long). `traceparent` (W3C) is the
+    caller's trace context; new tasks store it (or, with OpenTelemetry, the
+    context of this call's `pilot.trigger` span). Without a `trace_id` one is
+    generated."""
     if not requests:
         raise ValidationFailed("A batch needs at least one task",
                                errors={"tasks": ["This list may not be empty."]})
@@ -135,15 +151,30 @@ def task_trigger_many(*, owner, requests: list[TriggerRequest], source: str = So
         raise ValidationFailed(f"A batch holds at most {MAX_BATCH} tasks",
                                errors={"tasks": [f"Ensure this list has at most {MAX_BATCH} "
                                                  "elements."]})
+    trace_id = trace_id or uuid.uuid4().hex  # every task belongs to a trace
+    with tracing.span("pilot.trigger", parent=traceparent, inherit=True, source=source,
+                      count=len(requests)) as span:
+        if span is not None:  # the tasks hang off this span
+            traceparent = tracing.span_traceparent(span)
+            trace_id = tracing.trace_id_of(traceparent)
+        else:
+            traceparent = tracing.traceparent_for(traceparent, trace_id)
+        return _trigger_many(owner, requests, source, trace_id, traceparent)
+
+
+def _trigger_many(owner, requests, source, trace_id, traceparent) -> list:
     results: list = [None] * len(requests)
     prepared: list[_Prepared] = []
+    targets: dict = {}
     for index, request in enumerate(requests):
         try:
-            prepared.append(_prepare(index, request))
+            prepared.append(_prepare(index, request, targets))
         except PilotError as exc:
             results[index] = exc
+    if any(item.callback_url for item in prepared):
+        prepared = _refuse_unsigned(owner, prepared, results)
     if len(prepared) == 1:
-        outcome = _shortcut(owner, prepared[0], source, trace_id)
+        outcome = _shortcut(owner, prepared[0], source, trace_id, traceparent)
         if outcome is not None:
             results[prepared[0].index] = outcome
             _report({0: outcome})
@@ -151,7 +182,7 @@ def task_trigger_many(*, owner, requests: list[TriggerRequest], source: str = So
     if prepared:
         for attempt in range(3):
             try:
-                decided = _decide_all(owner, prepared, source, trace_id)
+                decided = _decide_all(owner, prepared, source, trace_id, traceparent)
                 break
             except OperationalError as exc:
                 # Deadlock or serialization failure: the whole transaction rolled
@@ -210,8 +241,9 @@ def payload_validate(payload, workflow: Workflow | None = None) -> str:
     return canonical_payload
 
 
-def _prepare(index: int, request: TriggerRequest) -> _Prepared:
-    """Validate one request without touching the database."""
+def _prepare(index: int, request: TriggerRequest, targets: dict) -> _Prepared:
+    """Validate one request without touching the database (a callback_url's
+    host is resolved, once per distinct URL of the call: `targets`)."""
     key = normalize_key(request.key) if request.key is not None else None
     workflow = registry.get(request.workflow)
     payload = request.payload
@@ -226,7 +258,38 @@ def _prepare(index: int, request: TriggerRequest) -> _Prepared:
     # without serialising the payload twice.
     fp = fingerprint_of(f'{{"payload":{canonical_payload},"workflow":'
                         f'{canonical_json(workflow.name)}}}')
-    return _Prepared(index, key, workflow, payload, fp)
+    callback_url = ""
+    if request.callback_url is not None:
+        url = request.callback_url
+        if not isinstance(url, str):
+            raise ValidationFailed("callback_url must be a string",
+                                   errors={"callback_url": ["Must be a string."]})
+        if url not in targets:
+            try:
+                targets[url] = target_validate(url)
+            except PilotError as exc:
+                targets[url] = exc
+        if isinstance(targets[url], PilotError):
+            raise targets[url]
+        callback_url = targets[url]
+    return _Prepared(index, key, workflow, payload, fp, callback_url)
+
+
+def _refuse_unsigned(owner, prepared: list[_Prepared], results: list) -> list[_Prepared]:
+    """A callback_url needs the owner's signing secret (one query, only when a
+    request carries one): without it the request is refused."""
+    if ClientWebhook.objects.filter(owner=owner).exists():
+        return prepared
+    kept = []
+    for item in prepared:
+        if item.callback_url:
+            results[item.index] = ValidationFailed(
+                "This client has no webhook signing secret yet, so its deliveries could not "
+                "be signed; an operator issues one with `manage.py create_api_client "
+                "<client>`", errors={"callback_url": ["The client has no signing secret."]})
+        else:
+            kept.append(item)
+    return kept
 
 
 def _plain(errors):
@@ -237,12 +300,13 @@ def _plain(errors):
     return str(errors)
 
 
-def _shortcut(owner, item: _Prepared, source: str, trace_id: str) -> TriggerOutcome | None:
+def _shortcut(owner, item: _Prepared, source: str, trace_id: str,
+              traceparent: str) -> TriggerOutcome | None:
     """A new key or a plain replay through the store's fast path; None when the
     general path must decide (or the store has none). With the ORM broker the
     insert and its queue row share a transaction (the outbox); with Redis the
     statement commits alone and the push follows."""
-    task = _new_task(owner, item, source, trace_id, now=None)
+    task = _new_task(owner, item, source, trace_id, traceparent, now=None)
     with transaction.atomic() if uses_orm_broker() else contextlib.nullcontext():
         decided = store().create_or_replay(task)
         if decided is None:
@@ -254,13 +318,15 @@ def _shortcut(owner, item: _Prepared, source: str, trace_id: str) -> TriggerOutc
     return TriggerOutcome(REPLAYED, task)
 
 
-def _decide_all(owner, prepared: list[_Prepared], source: str, trace_id: str) -> dict:
+def _decide_all(owner, prepared: list[_Prepared], source: str, trace_id: str,
+                traceparent: str) -> dict:
     first_by_key: dict[str, _Prepared] = {}
     for item in prepared:
         first_by_key.setdefault(item.key, item)
     with transaction.atomic():
         now = store().db_now()
-        rows, created_ids = _insert_and_lock(owner, first_by_key, source, trace_id, now)
+        rows, created_ids = _insert_and_lock(owner, first_by_key, source, trace_id,
+                                             traceparent, now)
         outcomes: dict[int, TriggerOutcome | PilotError] = {}
         replay_counts: dict = defaultdict(int)
         restarted: list[Task] = []
@@ -285,7 +351,8 @@ def _decide_all(owner, prepared: list[_Prepared], source: str, trace_id: str) ->
     return outcomes
 
 
-def _insert_and_lock(owner, first_by_key: dict[str, _Prepared], source, trace_id, now):
+def _insert_and_lock(owner, first_by_key: dict[str, _Prepared], source, trace_id,
+                     traceparent, now):
     """Insert a row for every key that has none (the constraint decides races),
     delete expired rows in the way, and return every key's row locked.
 
@@ -294,8 +361,11 @@ def _insert_and_lock(owner, first_by_key: dict[str, _Prepared], source, trace_id
     created_ids: set = set()
     todo = dict(first_by_key)
     for _ in range(_RACE_ROUNDS):
-        fresh = {key: _new_task(owner, item, source, trace_id, now=now)
+        fresh = {key: _new_task(owner, item, source, trace_id, traceparent, now=now)
                  for key, item in todo.items()}
+        for task in fresh.values():
+            if not task.callback_url:
+                task.callback_url = _default_endpoint(owner)
         Task.objects.bulk_create(sorted(fresh.values(), key=lambda t: t.idempotency_key),
                                  ignore_conflicts=True)
         locked = (Task.objects.select_for_update().annotate(pilot_db_now=Now())
@@ -324,15 +394,23 @@ def _insert_and_lock(owner, first_by_key: dict[str, _Prepared], source, trace_id
     raise Conflict("The idempotency key kept changing hands; retry the request")
 
 
-def _new_task(owner, item: _Prepared, source, trace_id, *, now) -> Task:
+def _new_task(owner, item: _Prepared, source, trace_id, traceparent, *, now) -> Task:
     """A pending task for `item`, not saved. `now` is the database's time (the
     fast path leaves it None and stamps the row with the database's own)."""
     return Task(
         id=uuid.uuid4(), owner=owner, idempotency_key=item.key, workflow=item.workflow.name,
         payload=item.payload, fingerprint=item.fingerprint,
         max_attempts=item.workflow.max_attempts, source=source, trace_id=trace_id[:64],
+        traceparent=traceparent, callback_url=item.callback_url,
         created_at=now, updated_at=now, enqueued_at=now, next_attempt_at=now,
     )
+
+
+def _default_endpoint(owner):
+    """The owner's default endpoint as an expression of the insert itself (no
+    query of its own): a subquery on its client webhook, "" when it has none."""
+    return Coalesce(Subquery(ClientWebhook.objects.filter(owner_id=owner.pk)
+                             .values("url")[:1]), Value(""))
 
 
 def _decide(task: Task, item: _Prepared, owner, now) -> str:

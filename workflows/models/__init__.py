@@ -4,6 +4,8 @@ from workflows.models.schedule import MissedPolicy, PilotSchedule, ScheduleOrigi
 from workflows.models.step import StepCheckpoint
 from workflows.models.task import Task
 from workflows.models.transition import TaskTransition
+from workflows.models.webhook import ClientWebhook, DeliveryState, WebhookDelivery
 
-__all__ = ["DemoLedger", "DemoOrder", "MissedPolicy", "PilotSchedule", "ScheduleOrigin",
-           "StepCheckpoint", "Task", "TaskReplay", "TaskTransition"]
+__all__ = ["ClientWebhook", "DeliveryState", "DemoLedger", "DemoOrder", "MissedPolicy",
+           "PilotSchedule", "ScheduleOrigin", "StepCheckpoint", "Task", "TaskReplay",
+           "TaskTransition", "WebhookDelivery"]

@@ -99,6 +99,15 @@ class Task(ConcurrentTransitionMixin, models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     source = models.CharField(max_length=10, choices=Source.choices, default=Source.API)
     trace_id = models.CharField(max_length=64, blank=True, default="")
+    # The W3C trace context its work continues (docs/tracing.md): the trigger's
+    # `traceparent`, or the trigger span's when OpenTelemetry records one.
+    traceparent = models.CharField(max_length=55, blank=True, default="", db_default="")
+    # Where its completion is POSTed (docs/webhooks.md): the trigger's
+    # `callback_url`, else its owner's default endpoint at trigger time; "" = none.
+    callback_url = models.CharField(max_length=2000, blank=True, default="", db_default="")
+    # Times `retry` sent it back to pending: the <n> of its webhooks' ids.
+    # (Database defaults too: rows inserted by raw SQL that predates these columns.)
+    restarts = models.PositiveIntegerField(default=0, db_default=0)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     enqueued_at = models.DateTimeField(null=True, blank=True)
@@ -151,6 +160,7 @@ class Task(ConcurrentTransitionMixin, models.Model):
             ("cancel_task", "Can cancel a task"),
             ("retry_task", "Can retry a task"),
             ("view_all_tasks", "Can view every client's tasks"),
+            ("resend_webhook", "Can re-send a task's completion webhook"),
         ]
 
     def __str__(self) -> str:
@@ -317,8 +327,10 @@ class Task(ConcurrentTransitionMixin, models.Model):
     def retry(self, *, budget: int, now: datetime) -> None:
         """Back to pending — due at `now` — with a fresh budget of `budget`
         attempts; `attempts` keeps counting over the task's life, so the cap
-        moves instead."""
+        moves instead. Counts the restart (`restarts`: each terminal state gets
+        its own webhook)."""
         self.max_attempts = self.attempts + budget
+        self.restarts += 1
         self.result = None
         self.error = ""
         self.error_type = ""

@@ -54,6 +54,16 @@ DISPATCHER_ACTIONS = Counter("pilot_dispatcher_actions", "What dispatcher passes
                              ["action"])
 DISPATCHER_ERRORS = Counter("pilot_dispatcher_errors", "Tasks (or whole passes) the dispatcher "
                             "could not handle; each was logged and skipped")
+# Completion webhooks (docs/webhooks.md): each attempt's outcome — delivered (a
+# 2xx), retrying, gave_up (failed for good), claim_lost (a stalled sender's late
+# outcome, refused) — and how long attempts took.
+WEBHOOK_ATTEMPTS = Counter("pilot_webhook_attempts", "Completion webhook attempts by outcome",
+                           ["outcome"])
+WEBHOOK_DURATION = Histogram(
+    "pilot_webhook_attempt_seconds", "Wall time of completion webhook attempts",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+WEBHOOK_EVENTS = {"webhook_delivered": "delivered", "webhook_failed": "retrying",
+                  "webhook_gave_up": "gave_up", "webhook_claim_lost": "claim_lost"}
 
 
 def on_event(event: str, fields: dict) -> None:
@@ -75,6 +85,10 @@ def on_event(event: str, fields: dict) -> None:
         DISPATCHER_ACTIONS.labels(fields.get("action") or "").inc(fields.get("count") or 0)
     elif event == "dispatcher_error":
         DISPATCHER_ERRORS.inc()
+    elif event in WEBHOOK_EVENTS:
+        WEBHOOK_ATTEMPTS.labels(WEBHOOK_EVENTS[event]).inc()
+        if fields.get("duration_ms") is not None:
+            WEBHOOK_DURATION.observe(fields["duration_ms"] / 1000)
 
 
 def install() -> None:

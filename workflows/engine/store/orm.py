@@ -7,6 +7,11 @@ runs it on both. `PostgresStore` overrides the hot verbs with literal SQL;
 
 Every write a worker makes names the lease token it holds; the predicate
 `id = ? AND lease_token = ?` lives in `_fence` and `transition` only.
+
+A terminal transition (succeeded, failed, cancelled) of a task with an
+endpoint (`callback_url`) also writes its webhook's outbox row, in the same
+transaction (PostgreSQL: the same statement), and enqueues the delivery on
+commit (docs/webhooks.md); a task without one pays nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper
 from django.db.models.functions import Now
@@ -24,11 +30,13 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django_fsm import ConcurrentTransition
 
+from workflows.engine.enqueue import deliveries_enqueue_on_commit
 from workflows.engine.leases import Lease, Refused
 from workflows.engine.store.rows import StepRow
-from workflows.models import StepCheckpoint, Task, TaskTransition
+from workflows.models import StepCheckpoint, Task, TaskTransition, WebhookDelivery
+from workflows.models.webhook import delivery_message_id
 from workflows.observability.events import emit_on_commit
-from workflows.states import STEP_OVERWRITES, TaskState
+from workflows.states import FINISHED_STATES, STEP_OVERWRITES, TaskState
 
 _FIELDS = [f for f in Task._meta.concrete_fields if not f.primary_key]
 _ATTNAMES = [f.attname for f in _FIELDS]
@@ -51,6 +59,16 @@ class Claimed:
     @property
     def lease(self) -> Lease:
         return Lease(self.task.pk, self.task.lease_token, self.worker)
+
+
+def delivery_owed(task: Task) -> bool:
+    """Does this transition owe a webhook? Only an ending of a task with an
+    endpoint; decided in memory, so a task without one costs nothing."""
+    return task.state in FINISHED_STATES and bool(task.callback_url)
+
+
+def give_up_after() -> timedelta:
+    return timedelta(seconds=settings.PILOT_WEBHOOK_GIVE_UP_SECONDS)
 
 
 def _aware(value) -> datetime:
@@ -277,6 +295,9 @@ class OrmStore:
             task.__dict__.update(before)
             raise
         task._update_initial_state()
+        if delivery_owed(task):
+            deliveries_enqueue_on_commit([delivery_message_id(task.pk, task.state,
+                                                              task.restarts)])
         emit_on_commit("task_transitioned", task_id=str(task.pk), workflow=task.workflow,
                        transition=name, from_state=from_state, to_state=task.state,
                        attempt=task.attempts, actor=actor, trace_id=task.trace_id or None)
@@ -294,10 +315,22 @@ class OrmStore:
                                           actor=actor[:200], reason=reason, at=at)
             if steps:
                 self.upsert_steps(task.pk, steps)
+            if delivery_owed(task):
+                self.delivery_insert(task)
         if then_claim_for is None:
             return None
         worker, lease = then_claim_for
         return self.claim_next(worker=worker, lease=lease)
+
+    def delivery_insert(self, task: Task) -> None:
+        """The outbox row of `task`'s ending (in the caller's transaction): due
+        now, its message counted as sent (the caller enqueues it on commit), given
+        up PILOT_WEBHOOK_GIVE_UP_SECONDS from now — all the database's time. The
+        unique (task, state, restarts) makes a second insert a no-op."""
+        WebhookDelivery.objects.bulk_create([WebhookDelivery(
+            task_id=task.pk, task_state=task.state, restarts=task.restarts,
+            url=task.callback_url, created_at=Now(), next_attempt_at=Now(), enqueued_at=Now(),
+            give_up_at=self._later(give_up_after()))], ignore_conflicts=True)
 
     # --- atomic steps --------------------------------------------------------------------------
 

@@ -23,7 +23,13 @@ from django.utils.dateparse import parse_datetime
 from django_fsm import ConcurrentTransition
 
 from workflows.engine.leases import Lease, Refused
-from workflows.engine.store.orm import UPSERT_ON_CONFLICT, Claimed, OrmStore
+from workflows.engine.store.orm import (
+    UPSERT_ON_CONFLICT,
+    Claimed,
+    OrmStore,
+    delivery_owed,
+    give_up_after,
+)
 from workflows.engine.store.rows import StepRow
 from workflows.models import StepCheckpoint, Task
 from workflows.observability.events import emit_on_commit
@@ -39,8 +45,10 @@ def _load(path: Path) -> dict[str, str]:
             queries[name] = ""
         elif name is not None and not line.lstrip().startswith("--"):
             queries[name] += line.split("  -- ", 1)[0].rstrip() + "\n"
-    return {k: v.strip().rstrip(";").replace("{on_conflict}", UPSERT_ON_CONFLICT)
-            for k, v in queries.items()}
+    queries = {k: v.strip().rstrip(";").replace("{on_conflict}", UPSERT_ON_CONFLICT)
+               for k, v in queries.items()}
+    deliver = queries.pop("deliver")
+    return {k: v.replace("{deliver}", "\n" + deliver) for k, v in queries.items()}
 
 
 QUERIES = _load(Path(__file__).with_name("queries.sql"))
@@ -175,14 +183,19 @@ class PostgresStore(OrmStore):
     def _persist(self, task, token, changed, name, from_state, actor, reason, at, steps,
                  then_claim_for=None):
         """One statement (queries.sql `transition`): the transition's diff where
-        the task still carries `token`, its audit row, and `steps`, together —
-        and, asked `then_claim_for`, the claim of the next due task."""
+        the task still carries `token`, its audit row, `steps`, and — for the
+        ending of a task with an endpoint — its webhook's outbox row, together;
+        asked `then_claim_for`, also the claim of the next due task."""
         fields = {f.attname: f for f in Task._meta.concrete_fields}
         params = {f"v{i}": fields[a].get_db_prep_save(task.__dict__[a], connection)
                   for i, a in enumerate(changed)}
         sets = ", ".join(f'"{fields[a].column}" = %(v{i})s' for i, a in enumerate(changed))
+        deliver = delivery_owed(task)
         params.update(task_id=task.pk, token=token, transition=name, from_state=from_state,
-                      to_state=task.state, actor=actor[:200], reason=reason, at=at)
+                      to_state=task.state, actor=actor[:200], reason=reason, at=at,
+                      deliver=deliver, restarts=task.restarts if deliver else 0,
+                      callback_url=task.callback_url if deliver else "",
+                      give_up_seconds=give_up_after().total_seconds())
         query = "transition"
         if steps:
             query = "transition_with_steps"
@@ -230,19 +243,22 @@ class PostgresStore(OrmStore):
 
     def create_or_replay(self, task: Task):
         """("created", task) when `task` (a new pending task, not saved) was
-        inserted; ("replayed", stored task with its steps) when the same request
-        was replayed; None when the general path must decide (expired key, a
+        inserted (with its owner's default endpoint when it has no callback_url);
+        ("replayed", stored task with its steps) when the same request was
+        replayed; None when the general path must decide (expired key, a
         failed task to restart, cancelled, a different request, a row another
         transaction is still inserting). One statement for a new key, two for a
         replay."""
         params = {"id": task.pk, "owner_id": task.owner_id, "key": task.idempotency_key,
                   "workflow": task.workflow, "payload": json.dumps(task.payload),
                   "fingerprint": task.fingerprint, "max_attempts": task.max_attempts,
-                  "source": task.source, "trace_id": task.trace_id}
+                  "source": task.source, "trace_id": task.trace_id,
+                  "traceparent": task.traceparent, "callback_url": task.callback_url}
         created = self._run("create_task", params)
         if created is not None:
             task.created_at = task.updated_at = task.enqueued_at = created[0]
             task.pilot_replays, task.pilot_last_replayed_at = 0, None
+            task.callback_url = created[1]
             return "created", task
         rows = list(Task.objects.raw(*prepared(QUERIES["replay"], params)))
         if not rows:

@@ -211,17 +211,23 @@ SELECT state, lease_token FROM workflows_task WHERE id = %(task_id)s;
 -- name: create_task
 -- A trigger for a new key: insert the pending task unless (owner, key) exists;
 -- the unique constraint arbitrates between concurrent triggers. Its times are
--- the database's. A row back: this call created it.
+-- the database's. Its endpoint is the trigger's callback_url, else the owner's
+-- default endpoint (a primary-key probe in this statement), else none. A row
+-- back: this call created it.
 INSERT INTO workflows_task
        (id, owner_id, idempotency_key, workflow, payload, fingerprint, state, error,
         error_type, attempts, max_attempts, lease_token, lease_owner, source,
-        trace_id, created_at, updated_at, enqueued_at, next_attempt_at)
+        trace_id, traceparent, callback_url, restarts, created_at, updated_at, enqueued_at,
+        next_attempt_at)
 VALUES (%(id)s, %(owner_id)s, %(key)s, %(workflow)s, %(payload)s::jsonb, %(fingerprint)s,
         'pending', '', '', 0, %(max_attempts)s, 0, '', %(source)s, %(trace_id)s,
-        statement_timestamp(), statement_timestamp(), statement_timestamp(),
+        %(traceparent)s,
+        COALESCE(NULLIF(%(callback_url)s, ''),
+                 (SELECT url FROM workflows_clientwebhook WHERE owner_id = %(owner_id)s), ''),
+        0, statement_timestamp(), statement_timestamp(), statement_timestamp(),
         statement_timestamp())
 ON CONFLICT (owner_id, idempotency_key) DO NOTHING
-RETURNING created_at;
+RETURNING created_at, callback_url;
 
 -- name: replay
 -- A trigger for a key that exists, as the same request, in a state that replays
@@ -258,6 +264,9 @@ SELECT rep.*,
 -- columns it changed), written only where the task still carries the token it
 -- was read with; the audit row goes in with it or not at all. No row back: the
 -- task changed since it was read (ConcurrentTransition).
+-- The deliver parameter is true only for an ending (succeeded, failed, cancelled) of a
+-- task with an endpoint: then its webhook's outbox row goes in with it too
+-- (`deliver` below; a one-time filter, nothing to do for every other task).
 WITH changed AS (
     UPDATE workflows_task SET {sets}
      WHERE id = %(task_id)s AND lease_token = %(token)s
@@ -268,12 +277,12 @@ WITH changed AS (
     SELECT id, %(transition)s, %(from_state)s, %(to_state)s, %(actor)s, %(reason)s, %(at)s
       FROM changed
     RETURNING id
-)
+){deliver}
 SELECT id FROM audit;
 
 -- name: transition_with_steps
 -- transition, with step rows written in the same statement (a step's success
--- with the task's, a failed step with its retry).
+-- with the task's, a failed step with its retry), and the outbox row likewise.
 WITH changed AS (
     UPDATE workflows_task SET {sets}
      WHERE id = %(task_id)s AND lease_token = %(token)s
@@ -298,14 +307,15 @@ WITH changed AS (
      WHERE true  -- ends the SELECT: ON CONFLICT below is the INSERT's
     {on_conflict}
     RETURNING 1
-)
+){deliver}
 SELECT id FROM audit;
 
 -- name: transition_with_steps_then_claim
 -- A worker's last step: its success and the task's (transition_with_steps), and —
 -- the database is the queue — the claim of the next due task for the same
 -- worker (as claim_next), in one statement: a run costs one round trip at its
--- end instead of two. No next task: the claim columns are NULL.
+-- end instead of two. No next task: the claim columns are NULL. The outbox
+-- row of the ending goes in with it ({deliver}).
 WITH changed AS (
     UPDATE workflows_task SET {sets}
      WHERE id = %(task_id)s AND lease_token = %(token)s
@@ -330,7 +340,7 @@ WITH changed AS (
      WHERE true  -- ends the SELECT: ON CONFLICT below is the INSERT's
     {on_conflict}
     RETURNING 1
-), prior AS (
+){deliver}, prior AS (
     SELECT id, state, enqueued_at FROM workflows_task
      WHERE EXISTS (SELECT FROM changed)
        AND state IN ('pending', 'retrying') AND next_attempt_at <= statement_timestamp()
@@ -359,3 +369,21 @@ WITH changed AS (
 )
 SELECT (SELECT id FROM audit) AS pilot_audit, claimed.*
   FROM (SELECT 1) AS one LEFT JOIN claimed ON true;
+
+-- name: deliver
+-- (Spliced into transition and transition_with_steps as {deliver}.) The
+-- webhook outbox row of an ending: due now, its message counted as sent (the
+-- store enqueues it on commit; the dispatcher sends it again if that is lost),
+-- given up after give_up_seconds. Unique per (task, state, restarts).
+, deliver AS (
+    INSERT INTO workflows_webhookdelivery
+           (task_id, task_state, restarts, url, state, attempts, last_error, attempt_log,
+            claim_token, claimed_by, next_attempt_at, enqueued_at, give_up_at, created_at)
+    SELECT id, %(to_state)s, %(restarts)s, %(callback_url)s, 'pending', 0, '', '[]'::jsonb,
+           0, '', statement_timestamp(), statement_timestamp(),
+           statement_timestamp() + make_interval(secs => %(give_up_seconds)s),
+           statement_timestamp()
+      FROM changed
+     WHERE %(deliver)s
+    ON CONFLICT (task_id, task_state, restarts) DO NOTHING
+)

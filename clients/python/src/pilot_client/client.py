@@ -86,7 +86,8 @@ class PilotClient:
     # --- triggers --------------------------------------------------------------------------
 
     def trigger(self, workflow: str, payload: Any = None,
-                key: str | None = None, *, derive_key: bool = False) -> TriggerResult:
+                key: str | None = None, *, derive_key: bool = False,
+                callback_url: str | None = None) -> TriggerResult:
         """Start `workflow` with `payload` once for `key` (`POST /api/v1/tasks`).
 
         Without `key` a new one is generated (read it back from `.key`); with
@@ -95,7 +96,9 @@ class PilotClient:
         so the run starts at most once. Raises a PilotAPIError subclass when
         refused (e.g. UnknownWorkflow, ValidationError, IdempotencyKeyReused,
         TaskCancelled) and PilotConnectionError when the server could not be
-        reached within the retries — calling again with `.key` is then safe."""
+        reached within the retries — calling again with `.key` is then safe.
+        `callback_url`: where PILOT POSTs the task when it ends (a signed
+        webhook: `verify_webhook`); without it, the client's default endpoint."""
         headers = {}
         if not derive_key:
             key = _check_key(new_key() if key is None else key)
@@ -104,6 +107,8 @@ class PilotClient:
             raise ValueError("pass either key or derive_key=True, not both")
         # Sent as given: the server validates it (ValidationError), not this client.
         body = {"workflow": workflow, "payload": {} if payload is None else payload}
+        if callback_url is not None:
+            body["callback_url"] = callback_url
         response, attempts = self._request("POST", f"{API}/tasks", json=body, headers=headers,
                                            safe_to_resend=True, key=key)
         task = Task.from_json(response.json())
@@ -115,7 +120,7 @@ class PilotClient:
     def batch(self, items: Iterable[Mapping[str, Any]]) -> list[BatchItemResult]:
         """Trigger many runs (`POST /api/v1/tasks/batch`), one result per item in
         input order. Each item is a mapping with `workflow`, `payload` and
-        optionally `key` (or `idempotency_key`); items without one get a
+        optionally `key` (or `idempotency_key`) and `callback_url`; items without a key get a
         generated key, kept across retries. A refused item does not raise: its
         result carries the typed error. More than 1000 items go in several
         requests."""
@@ -125,6 +130,8 @@ class PilotClient:
             prepared.append({"idempotency_key": _check_key(new_key() if key is None else key),
                              "workflow": item["workflow"],
                              "payload": item.get("payload", {})})
+            if item.get("callback_url") is not None:
+                prepared[-1]["callback_url"] = item["callback_url"]
         results: list[BatchItemResult] = []
         for start in range(0, len(prepared), MAX_BATCH):
             chunk = prepared[start:start + MAX_BATCH]
