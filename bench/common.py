@@ -133,13 +133,14 @@ class Proc:
 
 
 def run_checked(args: list, env: dict | None = None, timeout: float = 600,
-                name: str | None = None) -> str:
-    """Run a command to completion in its own session; return its stdout. Its
-    stderr goes to the log; a failure raises with the log's tail."""
+                name: str | None = None, cwd: Path = ROOT) -> str:
+    """Run a command to completion in its own session (in `cwd`: the tree whose
+    modules `python -m` imports); return its stdout. Its stderr goes to the
+    log; a failure raises with the log's tail."""
     LOGS.mkdir(parents=True, exist_ok=True)
     log_path = LOGS / f"{name or Path(str(args[0])).name}.log"
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([str(a) for a in args], cwd=ROOT, env=env,
+        proc = subprocess.Popen([str(a) for a in args], cwd=cwd, env=env,
                                 stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         try:
             stdout, _ = proc.communicate(timeout=timeout)

@@ -65,7 +65,7 @@ def _widths(header, rows):
 
 def render_text(title: str, meta: list[str], sections: list[Section], goals: list[Goal]) -> str:
     out = [title, "=" * len(title), *meta, ""]
-    goal_section = Section("Goals of issue 7", ["goal", "measured", "target", "verdict"],
+    goal_section = Section("Goals (issues 7 and 16)", ["goal", "measured", "target", "verdict"],
                            [[g.name, g.figure, g.target, g.verdict] for g in goals])
     for section in [*sections, goal_section] if goals else sections:
         out += [section.title, "-" * len(section.title)]
@@ -83,7 +83,7 @@ def render_markdown(title: str, meta: list[str], sections: list[Section], goals:
     out = [f"# {title}", "", *[f"{m}  " for m in meta], ""]
     goal_rows = [[g.name, g.figure, g.target, f"**{g.verdict}**" if g.met is False
                   else g.verdict] for g in goals]
-    goal_section = Section("Goals of issue 7", ["goal", "measured", "target", "verdict"],
+    goal_section = Section("Goals (issues 7 and 16)", ["goal", "measured", "target", "verdict"],
                            goal_rows)
     for section in [goal_section, *sections] if goals else sections:
         out += [f"## {section.title}", ""]

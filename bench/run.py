@@ -1,4 +1,5 @@
-"""`make bench`: every workload of issue 7 against PILOT and its baselines in
+"""`make bench`: every workload of issues 7 and 16 against PILOT, its baselines
+(the peers, and PILOT itself before those issues: bench/baseline.py) in
 one run, several repetitions, a table of medians, min–max and ratios with every
 goal marked met or NOT met, written to bench/results.md.
 
@@ -28,7 +29,7 @@ import shutil
 import subprocess
 import time
 
-from bench import report
+from bench import baseline, report
 from bench.common import (
     BENCH_PY,
     LOGS,
@@ -49,10 +50,12 @@ from bench.tables import (
     EMBEDDED_TITLE,
     admin_section,
     batch_section,
+    burst_section,
     cleanup_section,
     e2e_section,
     embedded_section,
     lag_section,
+    per_run_section,
     profile_section,
     queries_section,
     scaling_section,
@@ -81,16 +84,20 @@ class Plan:
     embedded_runs: int     # end-to-end runs per database and repetition
     admin_tasks: int       # tasks seeded for the console's page budgets
     admin_reps: int
+    burst_runs: int        # the one big burst (duplicate deliveries under a backlog)
+    wal_runs: int          # runs whose WAL records are read back (pg_walinspect)
 
 
 FULL = Plan("full", trigger_reps=3, trigger_seconds=8, batches=3, e2e_reps=3, e2e_runs=2000,
             scaling_runs=1000, paced_runs=60, pace=20, cleanup_tasks=100_000,
             cleanup_seconds=10, profile_runs=500, embedded_reps=3, embedded_seconds=5,
-            embedded_runs=1000, admin_tasks=100_000, admin_reps=15)
+            embedded_runs=1000, admin_tasks=100_000, admin_reps=15, burst_runs=20_000,
+            wal_runs=2000)
 QUICK = Plan("quick", trigger_reps=2, trigger_seconds=3, batches=1, e2e_reps=1, e2e_runs=300,
              scaling_runs=200, paced_runs=30, pace=20, cleanup_tasks=10_000,
              cleanup_seconds=3, profile_runs=200, embedded_reps=1, embedded_seconds=3,
-             embedded_runs=200, admin_tasks=10_000, admin_reps=5)
+             embedded_runs=200, admin_tasks=10_000, admin_reps=5, burst_runs=2000,
+             wal_runs=300)
 EMBEDDED_SQLITE = OUT / "embedded.sqlite3"
 
 
@@ -102,16 +109,17 @@ class Bench:
         self.results: dict = {"plan": dataclasses.asdict(plan), "e2e": []}
         self.failures: list[str] = []
         self.last_rep = 0.0  # seconds the last end-to-end repetition took
+        self.baseline_ready = False
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
     def workload(self, name: str, module: str, *args, env: dict, python=PILOT_PY,
-                 timeout: float = 900) -> dict | None:
+                 timeout: float = 900, cwd=ROOT) -> dict | None:
         say(f"[{self.elapsed():5.0f}s] {name}")
         try:
             return parse_result(run_checked([python, "-m", module, *args], env=env,
-                                            timeout=timeout, name=name))
+                                            timeout=timeout, name=name, cwd=cwd))
         except Exception as exc:  # noqa: BLE001 - reported in the table, the run goes on
             self.failures.append(f"{name}: {str(exc).strip()[:1500]}")
             say(f"  FAILED: {str(exc).strip()[:600]}")
@@ -123,10 +131,17 @@ class Bench:
         p = self.plan
         if self.workload("prepare", "bench.workloads.prepare", env=pilot_env("orm")) is None:
             raise SystemExit("could not prepare the bench database:\n" + self.failures[-1])
+        self.prepare_baseline()
         for broker in ("orm", "redis"):
             self.results[f"queries_{broker}"] = self.workload(
                 f"queries-{broker}", "bench.workloads.queries",
                 env=pilot_env(broker, DJANGO_ALLOWED_HOSTS="localhost,127.0.0.1,testserver"))
+        wal = ("bench.workloads.wal", "--runs", p.wal_runs)
+        self.results["wal"] = self.workload("wal", *wal, env=pilot_env("redis"))
+        if self.baseline_ready:
+            self.results["wal_baseline"] = self.workload(
+                "wal-baseline", *wal, cwd=baseline.TREE,
+                env=pilot_env("redis", **baseline.env_overrides()))
         self.results["admin_pages"] = self.workload(
             "admin-pages", "bench.workloads.admin_pages", "--tasks", p.admin_tasks,
             "--reps", p.admin_reps, env=pilot_env("orm"))
@@ -142,9 +157,23 @@ class Bench:
                                           name=f"lag-paced-{system}-{broker}")
                                  for system in ("pilot", "rawdefault")
                                  for broker in ("orm", "redis")]
+        self.results["burst"] = self.e2e("pilot", "redis", p.burst_runs, name="burst")
         self.profile()
         self.end_to_end()
         self.embedded()
+
+    def prepare_baseline(self) -> None:
+        """The engine before issues 10 and 16 (bench/baseline.py), its database
+        migrated by its own code; without it the table says the baseline is missing."""
+        try:
+            tree = baseline.tree()
+        except Exception as exc:  # noqa: BLE001 - reported, the run goes on without it
+            self.failures.append(f"baseline tree: {exc}")
+            self.baseline_ready = False
+            return
+        self.baseline_ready = self.workload(
+            "prepare-baseline", "bench.workloads.prepare",
+            env=pilot_env("orm", **baseline.env_overrides()), cwd=tree) is not None
 
     def embedded(self) -> None:
         """Section 9: `make run`'s configuration on SQLite and on PostgreSQL,
@@ -170,6 +199,12 @@ class Bench:
     def e2e(self, system: str, broker: str | None, runs: int, *, workers: int = 2,
             pace: float = 0.0, name: str, extra: tuple = (),
             database: str | None = None) -> dict | None:
+        if system == "baseline":
+            if not self.baseline_ready:
+                return None
+            args = ["--system", "pilot", "--runs", runs, "--workers", workers, *extra]
+            return self.workload(name, "bench.workloads.e2e", *args, cwd=baseline.TREE,
+                                 env=pilot_env(broker, **baseline.env_overrides()))
         if system in ("pilot", "raw", "rawdefault"):
             args = ["--system", system, "--runs", runs, "--workers", workers, *extra]
             if pace:
@@ -198,12 +233,16 @@ class Bench:
             self.last_rep = time.monotonic() - rep_started
 
     def profile(self) -> None:
-        path = OUT / "profile-worker.txt"
-        path.unlink(missing_ok=True)
-        result = self.e2e("pilot", "redis", self.plan.profile_runs, name="profile",
-                          extra=("--profile", str(path)))
-        self.results["profile"] = {"result": result, "path": str(path),
-                                   "summary": summarise(path).lines() if path.exists() else []}
+        """py-spy over the cluster: today's engine, then the baseline's."""
+        for system, key, name in (("pilot", "profile", "profile-worker.txt"),
+                                  ("baseline", "profile_baseline",
+                                   "profile-worker-baseline.txt")):
+            path = OUT / name
+            path.unlink(missing_ok=True)
+            result = self.e2e(system, "redis", self.plan.profile_runs, name=key,
+                              extra=("--profile", str(path)))
+            self.results[key] = {"result": result, "path": str(path),
+                                 "summary": summarise(path).lines() if path.exists() else []}
 
 
 def machine_meta(plan: Plan, load_start, load_end, minutes: float) -> list[str]:
@@ -279,16 +318,17 @@ def main() -> None:
     (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str))
     goals: list[Goal] = []
     sections = [*trigger_section(results, goals), *batch_section(results, goals),
-                *e2e_section(results, goals), *lag_section(results),
-                *cleanup_section(results, goals), *scaling_section(results),
-                *queries_section(results), *admin_section(results, goals),
+                *e2e_section(results, goals), *lag_section(results, goals),
+                *burst_section(results, goals), *per_run_section(results, goals),
+                *cleanup_section(results, goals), *scaling_section(results, goals),
+                *queries_section(results, goals), *admin_section(results, goals),
                 *profile_section(results), *embedded_section(results)]
     if bench.failures:
         sections.append(Section("Workloads that failed", ["workload and error (see "
                                                           "bench/out/logs/)"],
                                 [[f.splitlines()[0][:300]] for f in bench.failures]))
     meta = machine_meta(plan, load_start, os.getloadavg(), bench.elapsed() / 60)
-    title = "PILOT benchmarks (issue 7)"
+    title = "PILOT benchmarks"
     print(report.render_text(title, meta, sections, goals))
     RESULTS_MD.write_text(report.render_markdown(title, meta, sections, goals, [
         "Produced by `make bench` (bench/run.py); raw figures in bench/out/results.json."]))

@@ -13,8 +13,9 @@ django-q2's `async_task`. The broker is whatever the environment says
 Both first run one warm-up task (so start-up is not timed), then time from the
 first trigger to the last run's final write, read from the database. Reported:
 runs/s, peak RSS of every process, queue lag (trigger to first step start),
-database transactions and rows written per run (pg_stat_database), and how many
-deliveries the workers saw (a PILOT run delivered twice says "skipped").
+database transactions, rows and WAL bytes written per run, what the workers'
+messages returned, and how many messages the dispatcher sent again for
+pending tasks (none is lost here, so each was a duplicate).
 
 `--pace R` triggers one run at a time at R per second instead of all at once:
 the queue lag of an unloaded system rather than of a 2000-run backlog.
@@ -109,6 +110,7 @@ def main() -> None:
         "per_run": {k: round(v / args.runs, 2) for k, v in counters.items()},
         "rss": _rss_report(peaks, probe_dir),
         "deliveries": _deliveries(probe_dir),
+        "extra_messages": _resent(procs.get("dispatcher")),
     })
     shutil.rmtree(probe_dir, ignore_errors=True)
 
@@ -217,6 +219,21 @@ def _rss_report(peaks: dict, probe_dir) -> dict:
         report[kind] = round(max(report.get(kind, 0.0), mb), 1)
     report["workers_seen"] = len(workers)
     return report
+
+
+def _resent(dispatcher) -> int | None:
+    """Messages the dispatcher sent again for pending tasks (its
+    `dispatcher_action` events, action `reenqueued`), from its log."""
+    if dispatcher is None:
+        return None
+    total = 0
+    for line in dispatcher.log_path.read_text(errors="replace").splitlines():
+        if '"dispatcher_action"' in line and '"reenqueued"' in line:
+            try:
+                total += json.loads(line[line.index("{"):]).get("count", 0)
+            except ValueError:
+                continue
+    return total
 
 
 def _deliveries(probe_dir) -> dict:

@@ -66,8 +66,11 @@ def token() -> str:
 
 def db_counters() -> dict:
     """This database's cumulative counters (pg_stat_database): transactions and
-    rows written. Other sessions' stats arrive when they end, so read this after
-    stopping the processes whose work it should include. Empty on SQLite."""
+    rows written; and the server's WAL position in bytes (the same figure as
+    pg_stat_wal.wal_bytes, read without waiting for sessions to flush their
+    statistics; server-wide, so other databases' writes count too). Other
+    sessions' stats arrive when they end, so read this after stopping the
+    processes whose work it should include. Empty on SQLite."""
     from django.db import connection
 
     if connection.vendor != "postgresql":  # SQLite keeps no such statistics
@@ -75,8 +78,9 @@ def db_counters() -> dict:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute(
-            "SELECT xact_commit, xact_rollback, tup_inserted, tup_updated, tup_deleted "
+            "SELECT xact_commit, xact_rollback, tup_inserted, tup_updated, tup_deleted, "
+            "pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint "
             "FROM pg_stat_database WHERE datname = current_database()")
         row = cursor.fetchone()
-    return dict(zip(["commits", "rollbacks", "inserted", "updated", "deleted"], row,
-                    strict=True))
+    return dict(zip(["commits", "rollbacks", "inserted", "updated", "deleted", "wal_bytes"],
+                    row, strict=True))

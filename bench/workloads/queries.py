@@ -23,6 +23,7 @@ from bench.common import OUT, emit_result
 from bench.workloads import pilotdb
 
 RUNS = 20
+DRAINED = 500
 
 
 class Counted:
@@ -106,23 +107,45 @@ def api_trigger_counts(owner, token: str) -> dict:
 
 
 def worker_counts(owner, broker_name: str) -> dict:
+    """A worker's statements per run of test.noop3 (claim, three checkpoints,
+    success): a lone run (one message, nothing else due: the drain's last
+    claim finds nothing and costs one statement), and the steady state of a
+    backlog (DRAINED runs drained by one call: each success claims the next
+    run in the same statement). PREPARE — once per connection and statement,
+    not per run — is counted apart."""
+    from workflows.engine.runner import task_run
     from workflows.engine.triggers import TriggerRequest, task_trigger_many
+    from workflows.models import Task
     from workflows.worker import run_task
 
-    prefix = f"q-{uuid.uuid4().hex[:8]}-"
-    outcomes = task_trigger_many(owner=owner, requests=[
-        TriggerRequest("test.noop3", {"run": i}, f"{prefix}{i}") for i in range(RUNS)])
-    statements, commits, example = [], [], []
-    for outcome in outcomes:
+    def trigger(n: int) -> list:
+        prefix = f"q-{uuid.uuid4().hex[:8]}-"
+        return task_trigger_many(owner=owner, requests=[
+            TriggerRequest("test.noop3", {"run": i}, f"{prefix}{i}") for i in range(n)])
+
+    statements, commits, prepares, example = [], [], 0, []
+    for _ in range(RUNS):
+        [outcome] = trigger(1)
         with Counted() as counted:
             assert run_task(str(outcome.task.pk)) == "succeeded"
-        statements.append(len(counted.statements))
+        run = [q for q in counted.statements if not q.startswith("PREPARE ")]
+        prepares += len(counted.statements) - len(run)
+        statements.append(len(run))
         commits.append(counted.commits)
-        example = counted.statements
+        example = run
+    outcomes = trigger(DRAINED)
+    with Counted() as counted:
+        task_run(task_id=outcomes[0].task.pk, worker="bench:queries", drain_seconds=300)
+    done = Task.objects.filter(pk__in=[o.task.pk for o in outcomes],
+                               state="succeeded").count()
+    drained = [q for q in counted.statements if not q.startswith("PREPARE ")]
     path = OUT / f"queries-{broker_name}.txt"
     path.write_text("\n".join(f"{i + 1:2}. {sql}" for i, sql in enumerate(example)) + "\n")
     result = {"statements": statistics.median(statements),
               "transactions": statistics.median(commits),
+              "drained_runs": done,
+              "drained_per_run": round(len(drained) / done, 2) if done else None,
+              "prepares": prepares + len(counted.statements) - len(drained),
               "kinds": dict(Counter(map(describe, example))), "listing": str(path)}
     if broker_name == "orm":
         result["broker_per_message"] = _orm_broker_counts()
