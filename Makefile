@@ -4,17 +4,35 @@ BENCH_VENV := bench/.venv
 PY     := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: run test test-sqlite test-main lint check audit bench bench-cleanup bench-admin bench-tracing clean chromium
+.PHONY: run test test-sqlite test-main lint check audit bench bench-cleanup bench-admin bench-tracing clean chromium promtool lock
 
-$(VENV)/.installed: requirements.txt
+# Installs come from the lock files: every pin of requirements*.txt with the hash of
+# every file PyPI has for it, checked by pip (--require-hashes). `make lock` renews
+# them after requirements*.txt changed (tests/deploy/test_lock.py keeps them in step).
+$(VENV)/.installed: requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements.txt
+	$(VENV)/bin/pip install --disable-pip-version-check -q --require-hashes -r requirements.lock
 	touch $@
 
-# requirements-dev.txt installs the Python client (clients/python) editable, for tests/client.
-$(VENV)/.installed-dev: requirements.txt requirements-dev.txt clients/python/pyproject.toml $(VENV)/.installed
-	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements-dev.txt
+# The Python client (clients/python) is installed editable, for tests/client; its one
+# dependency, httpx, is in the lock.
+$(VENV)/.installed-dev: requirements-dev.lock clients/python/pyproject.toml $(VENV)/.installed
+	$(VENV)/bin/pip install --disable-pip-version-check -q --require-hashes -r requirements-dev.lock
+	$(VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e ./clients/python
 	touch $@
+
+## lock: requirements.lock and requirements-dev.lock from requirements*.txt, with hashes
+## (pip-tools, from a throwaway virtualenv: a tool, not a dependency).
+lock:
+	rm -rf .lock-venv .lock-work && $(PYTHON) -m venv .lock-venv && mkdir .lock-work
+	.lock-venv/bin/pip install --disable-pip-version-check -q pip-tools==7.6.2
+	cp requirements.txt .lock-work/ && grep -v '^-e ' requirements-dev.txt > .lock-work/requirements-dev.txt
+	cd .lock-work && for f in requirements requirements-dev; do \
+	  ../.lock-venv/bin/pip-compile -q --generate-hashes --allow-unsafe --strip-extras \
+	    --no-emit-index-url --no-emit-find-links --output-file $$f.lock $$f.txt || exit 1; \
+	done
+	mv .lock-work/requirements.lock .lock-work/requirements-dev.lock .
+	rm -rf .lock-venv .lock-work
 
 ## run: web server, workers and dispatcher on SQLite with the ORM broker, on
 ## 127.0.0.1, port PILOT_PORT (default 8000). Ctrl-C, or SIGINT/SIGTERM to this make,
@@ -26,7 +44,7 @@ run: $(VENV)/.installed
 ## test: the whole suite. Always on SQLite; then, when DATABASE_URL points at
 ## PostgreSQL (and REDIS_URL at Redis), everything again there, including the
 ## races and real-process tests that only PostgreSQL can prove.
-test: $(VENV)/.installed-dev chromium lint check test-sqlite test-main
+test: $(VENV)/.installed-dev chromium promtool lint check test-sqlite test-main
 
 ## chromium: Debian's browser, which the admin's browser test drives through Playwright
 ## (Playwright's own browser download cannot work here), installed when missing.
@@ -36,6 +54,18 @@ chromium:
 	  echo "installing chromium with apt-get"; \
 	  $$sudo apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq chromium >/dev/null; \
+	fi
+
+## promtool: Debian's Prometheus tools, with which tests/deploy checks and unit-tests the
+## alert rules (deploy/prometheus); installed when missing. If apt cannot, the test
+## falls back to its structural checks and says so.
+promtool:
+	@if ! command -v promtool >/dev/null; then \
+	  sudo=$$( [ "$$(id -u)" -ne 0 ] && echo sudo ); \
+	  echo "installing promtool (Debian package prometheus) with apt-get"; \
+	  ( $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    $$sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null ) \
+	  || echo "promtool could not be installed: tests/deploy checks the rules structurally only"; \
 	fi
 
 test-sqlite: $(VENV)/.installed-dev
@@ -89,7 +119,8 @@ $(BENCH_VENV)/.installed: bench/requirements.txt
 ## bench: PILOT against its baselines (raw django-q2, a bare DRF insert, DBOS,
 ## Procrastinate) on the local PostgreSQL and Redis, and embedded mode (SQLite next
 ## to PostgreSQL), ~15 minutes; prints the table and writes bench/results.md.
-## BENCH_QUICK=1: short runs, to check the harness. BENCH_ONLY=embedded: that
+## BENCH_QUICK=1: short runs, to check the harness. BENCH_ONLY=embedded (or
+## BENCH_ONLY=metrics: /metrics after 10 000 worker recycles, ~1.5 min): that
 ## section alone, updated in bench/results.md in place.
 bench: $(VENV)/.installed $(BENCH_VENV)/.installed
 	@command -v wrk >/dev/null || (apt-get update -q && apt-get install -y -q wrk)

@@ -8,6 +8,9 @@ goal marked met or NOT met, written to bench/results.md.
     BENCH_ONLY=embedded .venv/bin/python -m bench.run
                                                  only section 9 (embedded mode, ~5 minutes),
                                                  replaced in bench/results.md in place
+    BENCH_ONLY=metrics .venv/bin/python -m bench.run
+                                                 only section 10 (/metrics after 10 000
+                                                 worker recycles, ~1 minute), likewise
 
 Each workload is a script run as its own process with the environment it
 needs (bench/workloads/, bench/peers/); this module only orders them, keeps
@@ -48,6 +51,7 @@ from bench.report import Goal, Section
 from bench.tables import (
     E2E_SYSTEMS,
     EMBEDDED_TITLE,
+    METRICS_TITLE,
     admin_section,
     batch_section,
     burst_section,
@@ -55,6 +59,7 @@ from bench.tables import (
     e2e_section,
     embedded_section,
     lag_section,
+    metrics_section,
     per_run_section,
     profile_section,
     queries_section,
@@ -86,18 +91,20 @@ class Plan:
     admin_reps: int
     burst_runs: int        # the one big burst (duplicate deliveries under a backlog)
     wal_runs: int          # runs whose WAL records are read back (pg_walinspect)
+    metrics_recycles: int  # worker recycles simulated before /metrics is scraped
+    metrics_reps: int
 
 
 FULL = Plan("full", trigger_reps=3, trigger_seconds=8, batches=3, e2e_reps=3, e2e_runs=2000,
             scaling_runs=1000, paced_runs=60, pace=20, cleanup_tasks=100_000,
             cleanup_seconds=10, profile_runs=500, embedded_reps=3, embedded_seconds=5,
             embedded_runs=1000, admin_tasks=100_000, admin_reps=15, burst_runs=20_000,
-            wal_runs=2000)
+            wal_runs=2000, metrics_recycles=10_000, metrics_reps=5)
 QUICK = Plan("quick", trigger_reps=2, trigger_seconds=3, batches=1, e2e_reps=1, e2e_runs=300,
              scaling_runs=200, paced_runs=30, pace=20, cleanup_tasks=10_000,
              cleanup_seconds=3, profile_runs=200, embedded_reps=1, embedded_seconds=3,
              embedded_runs=200, admin_tasks=10_000, admin_reps=5, burst_runs=2000,
-             wal_runs=300)
+             wal_runs=300, metrics_recycles=1000, metrics_reps=3)
 EMBEDDED_SQLITE = OUT / "embedded.sqlite3"
 
 
@@ -161,6 +168,14 @@ class Bench:
         self.profile()
         self.end_to_end()
         self.embedded()
+        self.metrics()
+
+    def metrics(self) -> None:
+        """Section 10: /metrics after a week of worker churn (bench/workloads/metrics_churn.py)."""
+        p = self.plan
+        self.results["metrics_churn"] = self.workload(
+            "metrics-churn", "bench.workloads.metrics_churn", "--recycles", p.metrics_recycles,
+            "--reps", p.metrics_reps, env=pilot_env("orm"))
 
     def prepare_baseline(self) -> None:
         """The engine before issues 10 and 16 (bench/baseline.py), its database
@@ -301,8 +316,9 @@ def preflight(only: str | None) -> None:
 
 def main() -> None:
     only = os.environ.get("BENCH_ONLY") or None
-    if only not in (None, "embedded"):
-        raise SystemExit(f"BENCH_ONLY={only!r}: the only section that runs alone is 'embedded'")
+    if only not in (None, "embedded", "metrics"):
+        raise SystemExit(f"BENCH_ONLY={only!r}: the sections that run alone are 'embedded' "
+                         "and 'metrics'")
     preflight(only)
     plan = QUICK if quick() else FULL
     for stale in (LOGS, OUT / "probe"):  # the last run's logs; bench/out is ours alone
@@ -310,6 +326,8 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
     bench = Bench(plan)
+    if only == "metrics":
+        return only_metrics(bench, load_start)
     if only:
         return only_embedded(bench, load_start)
     bench.run()
@@ -322,7 +340,8 @@ def main() -> None:
                 *burst_section(results, goals), *per_run_section(results, goals),
                 *cleanup_section(results, goals), *scaling_section(results, goals),
                 *queries_section(results, goals), *admin_section(results, goals),
-                *profile_section(results), *embedded_section(results)]
+                *profile_section(results), *embedded_section(results),
+                *metrics_section(results, goals)]
     if bench.failures:
         sections.append(Section("Workloads that failed", ["workload and error (see "
                                                           "bench/out/logs/)"],
@@ -362,6 +381,33 @@ def only_embedded(bench: Bench, load_start) -> None:
     RESULTS_MD.write_text(splice_section(RESULTS_MD.read_text(), EMBEDDED_TITLE, section))
     say(f"updated section 9 of {RESULTS_MD.relative_to(ROOT)} in "
         f"{bench.elapsed() / 60:.1f} min")
+
+
+def only_metrics(bench: Bench, load_start) -> None:
+    """Run section 10 alone and put it into bench/results.md in place (the other
+    sections stay as the last full run left them)."""
+    if bench.workload("prepare", "bench.workloads.prepare", env=pilot_env("orm")) is None:
+        raise SystemExit("could not prepare the bench database:\n" + bench.failures[-1])
+    bench.metrics()
+    results = bench.results
+    results["failures"] = bench.failures
+    (OUT / "results-metrics.json").write_text(json.dumps(results, indent=1, default=str))
+    goals: list[Goal] = []
+    sections = metrics_section(results, goals)
+    meta = [m.split("; peers")[0] + "." if "; peers" in m else m
+            for m in machine_meta(bench.plan, load_start, os.getloadavg(),
+                                  bench.elapsed() / 60)]
+    print(report.render_text(METRICS_TITLE, meta, sections, []))
+    section = report.render_markdown("x", [], sections, [], [])
+    section = section[section.index(f"## {METRICS_TITLE}"):]
+    section = section.replace("\n\n", "\n\nMeasured alone (BENCH_ONLY=metrics), not in "
+                              "the run above:\n\n" + "\n".join(f"- {m}" for m in meta)
+                              + "\n\n", 1)
+    RESULTS_MD.write_text(splice_section(RESULTS_MD.read_text(), METRICS_TITLE, section))
+    say(f"updated section 10 of {RESULTS_MD.relative_to(ROOT)} in "
+        f"{bench.elapsed() / 60:.1f} min")
+    if bench.failures:
+        raise SystemExit("the metrics workload failed:\n" + bench.failures[-1])
 
 
 def splice_section(markdown: str, title: str, section: str) -> str:

@@ -3,7 +3,7 @@
     python -m pilot.localrun        (bin/run-local sets the environment first)
 
 Migrates, resets the local admin and API token, then runs the three processes
-of a deployment, each in its own session (pilot/processes.py):
+of a deployment, each in its own session (workflows/processes.py):
 
 - web: gunicorn with deploy/gunicorn.conf.py, as in production, on
   127.0.0.1:PILOT_PORT (default 8000), WEB_CONCURRENCY processes (default 2) of
@@ -68,7 +68,7 @@ class LocalRun:
     # --- the run ---------------------------------------------------------------------
 
     def run(self) -> int:
-        from pilot.processes import STOP_SIGNALS, ParentWatch
+        from workflows.processes import STOP_SIGNALS, ParentWatch
 
         for sig in STOP_SIGNALS:
             signal.signal(sig, self.on_signal)
@@ -110,7 +110,7 @@ class LocalRun:
     def start(self) -> None:
         from django.conf import settings
 
-        from pilot.processes import Child
+        from workflows.processes import Child
 
         self.starting = True
         py = sys.executable

@@ -49,7 +49,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_q",
@@ -86,17 +85,19 @@ MIDDLEWARE = [
 # Under DEBUG, Django's technical 404 page lists every route; answer like
 # production instead (a no-op without DEBUG).
 MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.common.CommonMiddleware") + 1,
-                  "pilot.debug.PlainNotFoundMiddleware")
+                  "workflows.debug.PlainNotFoundMiddleware")
 # The technical 500 page (DEBUG) and error e-mails mask URL credentials too:
 # DATABASE_URL, REDIS_URL, CACHES, Q_CLUSTER, the environment.
-DEFAULT_EXCEPTION_REPORTER_FILTER = "pilot.debug.CredentialMaskingFilter"
+DEFAULT_EXCEPTION_REPORTER_FILTER = "workflows.debug.CredentialMaskingFilter"
 
 ROOT_URLCONF = "pilot.urls"
 
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # The project's own pages: its 403 page, which names the missing permission
+        # in the console's look (a host project keeps its own).
+        "DIRS": [BASE_DIR / "pilot" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -219,52 +220,19 @@ if not SECURE_HSTS_PRELOAD:
     SILENCED_SYSTEM_CHECKS.append("security.W021")
 
 # --- REST framework -------------------------------------------------------------
-
-REST_FRAMEWORK = {
-    # Token for upstream systems, session for browser users; never Basic auth.
-    "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
-    ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_RENDERER_CLASSES": ["workflows.api.renderers.SafeJSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["workflows.api.parsers.BoundedJSONParser"],
-    "EXCEPTION_HANDLER": "workflows.api.problems.problem_exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
-}
-
-SPECTACULAR_SETTINGS = {
-    "TITLE": "PILOT API",
-    "VERSION": "1",
-    "DESCRIPTION": (
-        "Trigger workflows idempotently and follow their runs.\n\n"
-        "**Idempotency.** Every trigger carries a key, in the `Idempotency-Key` header "
-        "(bare, or quoted as an RFC 8941 string: both are the same key) or in the body's "
-        "`task_id`. Keys are 1-255 visible ASCII characters and scoped to the calling "
-        "client. Re-sending the same request with the same key never runs the workflow "
-        "again: a pending, running, retrying or succeeded task is returned with "
-        "`Idempotent-Replayed: true` (200); a failed one is restarted from its checkpoints "
-        "(202); a cancelled one is refused (409 `task_cancelled`). The same key with a "
-        "different workflow or payload is refused (422 `idempotency_key_reused`).\n\n"
-        "**Expiry.** A key is remembered until its task has finished and the workflow's "
-        "`idempotency_ttl` (24 hours unless the workflow says otherwise; see "
-        "`GET /workflows`) has passed; after that the same key starts a new task. A task "
-        "that has not finished never expires.\n\n"
-        "**Errors** are `application/problem+json` with a stable `code`."
-    ),
-    "SERVE_INCLUDE_SCHEMA": False,
-    "SWAGGER_UI_DIST": "SIDECAR",
-    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
-    "REDOC_DIST": "SIDECAR",
-    "COMPONENT_SPLIT_REQUEST": True,
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
-                             "workflows.api.schema.strict_request_bodies"],
-    "ENUM_NAME_OVERRIDES": {"TaskStateEnum": "workflows.states.TaskState",
-                            "StepStateEnum": "workflows.states.StepState"},
-}
+# Nothing global: PILOT's API views carry their own authentication (hashed API
+# tokens, session), parser, renderer, exception handler and schema class
+# (workflows/api/base.py), and the schema view its own drf-spectacular settings
+# (workflows/api/docs_views.py), so a host project's REST_FRAMEWORK never
+# changes PILOT's API, nor PILOT's the host's. DRF's defaults for anything else.
 
 # --- PILOT ------------------------------------------------------------------------
+# Every PILOT_* setting has an app-level default (workflows/conf.py); the
+# standalone project reads them from the environment.
+
+# The operator console's look for the whole admin site (its header, index and
+# login pages): this project is PILOT alone. A host project leaves it off.
+PILOT_ADMIN_BRANDING = True
 
 PILOT_LEASE_SECONDS = env_float("PILOT_LEASE_SECONDS", 60.0, minimum=0.5)
 # How often ctx.heartbeat() really writes; it is cheap to call more often.
@@ -361,8 +329,11 @@ PILOT_METRICS_TASKS_TTL = env_int("PILOT_METRICS_TASKS_TTL", 15, minimum=0)
 # attempt, failures acknowledged, and no result rows (the Task table is the
 # record). The `pilot.E00x` system checks refuse a configuration that breaks this.
 
+# This project is PILOT alone, so PILOT's cluster is the default one (a host
+# project gives PILOT an ALT_CLUSTERS entry instead: docs/embedding.md).
+PILOT_Q_CLUSTER_NAME = env_str("PILOT_Q_CLUSTER_NAME", "pilot")
 Q_CLUSTER = {
-    "name": env_str("PILOT_Q_CLUSTER_NAME", "pilot"),
+    "name": PILOT_Q_CLUSTER_NAME,
     "workers": PILOT_Q_WORKERS,
     "timeout": PILOT_TASK_TIMEOUT,
     "retry": PILOT_TASK_TIMEOUT + 60,

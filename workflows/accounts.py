@@ -8,8 +8,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.db import transaction
 from django.db.models.functions import Now
-from rest_framework.authtoken.models import Token
 
+from workflows.models.token import ApiToken, token_digest, token_generate
 from workflows.webhooks.signing import webhook_secret_new
 from workflows.webhooks.targets import target_validate
 
@@ -21,7 +21,8 @@ class ApiClientRefused(Exception):
 def api_client_create(name: str, *, rotate: bool = False,
                       allow_staff: bool = False) -> tuple[object, str | None]:
     """Ensure an upstream client: a user without a password, with the trigger
-    permission (`workflows.add_task`) and a DRF token.
+    permission (`workflows.add_task`) and an API token (stored hashed:
+    models.token).
 
     An existing staff or superuser account is refused (ApiClientRefused) unless
     `allow_staff`: a token on it would carry every permission of a person's
@@ -30,7 +31,8 @@ def api_client_create(name: str, *, rotate: bool = False,
 
     Returns (user, token_key). token_key is the new token when one was created
     (first call, or `rotate=True`, which invalidates the old one at once), and
-    None when the existing token was kept: tokens are shown once."""
+    None when the existing token was kept: only its hash is stored, so it can
+    be shown once, never again."""
     User = get_user_model()
     with transaction.atomic():
         user, created = User.objects.get_or_create(username=name)
@@ -45,12 +47,21 @@ def api_client_create(name: str, *, rotate: bool = False,
             user.save(update_fields=["password"])
         user.user_permissions.add(
             Permission.objects.get(codename="add_task", content_type__app_label="workflows"))
-        existing = Token.objects.filter(user=user).first()
+        existing = ApiToken.objects.select_for_update().filter(user=user).first()
         if existing and not rotate:
             return user, None
-        if existing:
-            existing.delete()
-        return user, Token.objects.create(user=user).key
+        return user, api_token_issue(user)
+
+
+def api_token_issue(user) -> str:
+    """A new API token for `user`, replacing any it had (which stops working at
+    once). Returns the secret: the only time it exists outside the caller's
+    hands, since only its hash is stored."""
+    key, visible = token_generate()
+    with transaction.atomic():
+        ApiToken.objects.filter(user=user).delete()
+        ApiToken.objects.create(user=user, prefix=visible, digest=token_digest(key))
+    return key
 
 
 def client_webhook_check(url: str | None) -> None:

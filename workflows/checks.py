@@ -1,39 +1,152 @@
-"""System checks: refuse a configuration that would run a task twice.
+"""System checks: refuse a configuration that would run a task twice, and say
+what a host project left out.
 
 django-q2's defaults redeliver a still-running task after `retry` seconds and
 retry forever; PILOT's lease keeps that harmless only if the numbers agree.
+They are checked on PILOT's own cluster (workflows.cluster: the default
+cluster of the standalone project, an ALT_CLUSTERS entry in a host project),
+never on the host's other clusters.
+
+The integration checks (`pilot.W02x`) are warnings: PILOT runs without the
+middleware, backend and route they look for, with the feature they name off.
 """
 
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
+from workflows.cluster import BROKER_KEYS, alt_entry, cluster_conf, cluster_name, recommended_entry
+from workflows.conf import pilot_settings
+
 
 @register()
 def pilot_execution_settings(app_configs, **kwargs):
     errors = []
-    q = getattr(settings, "Q_CLUSTER", {})
+    q = cluster_conf()
+    if q is None:
+        name = cluster_name()
+        return [Error(
+            f"PILOT's django-q2 cluster {name!r} (PILOT_Q_CLUSTER_NAME) is not configured: "
+            "it is neither Q_CLUSTER['name'] nor an entry of Q_CLUSTER['ALT_CLUSTERS'], so "
+            "its workers would run with settings that redeliver and retry PILOT's tasks.",
+            hint=f"Add Q_CLUSTER['ALT_CLUSTERS'] = {{{name!r}: {recommended_entry()!r}}} "
+                 "and run PILOT's workers with `manage.py run_workers` (docs/embedding.md).",
+            id="pilot.E005")]
+    entry = alt_entry() or {}
+    own_broker = sorted(k for k in entry if k in BROKER_KEYS)
+    if own_broker:
+        errors.append(Error(
+            f"Q_CLUSTER['ALT_CLUSTERS'][{cluster_name()!r}] sets its own broker "
+            f"({', '.join(own_broker)}): web processes enqueue PILOT's messages on the main "
+            "configuration's broker, so these workers would never see them.",
+            hint="Keep the broker in Q_CLUSTER; the ALT_CLUSTERS entry only changes the "
+                 "queue and its limits.", id="pilot.E006"))
+    if not (q.get("orm") or q.get("redis")) or any(
+            q.get(k) for k in BROKER_KEYS if k not in ("orm", "redis")):
+        errors.append(Error(
+            "PILOT's django-q2 cluster must use the ORM broker (Q_CLUSTER['orm']) or Redis "
+            "(Q_CLUSTER['redis']): PILOT writes its messages to those two directly.",
+            id="pilot.E007"))
     timeout, retry = q.get("timeout"), q.get("retry", 60)
     if not timeout:
         errors.append(Error(
-            "Q_CLUSTER['timeout'] is not set: a hung worker would never be stopped.",
-            hint="Set PILOT_TASK_TIMEOUT.", id="pilot.E001"))
+            "Q_CLUSTER['timeout'] is not set for PILOT's cluster: a hung worker would never "
+            "be stopped.", hint="Set PILOT_TASK_TIMEOUT (or the cluster's timeout).",
+            id="pilot.E001"))
     elif retry <= timeout:
         errors.append(Error(
-            f"Q_CLUSTER['retry'] ({retry}s) must exceed Q_CLUSTER['timeout'] ({timeout}s), "
-            "or django-q2 redelivers a task that is still running.",
+            f"Q_CLUSTER['retry'] ({retry}s) must exceed Q_CLUSTER['timeout'] ({timeout}s) for "
+            "PILOT's cluster, or django-q2 redelivers a task that is still running.",
             hint="Keep retry = timeout + a margin.", id="pilot.E002"))
-    if not q.get("max_attempts"):
+    if q.get("max_attempts", 0) != 1:
         errors.append(Error(
-            "Q_CLUSTER['max_attempts'] is unbounded (0): django-q2 would redeliver a failing "
-            "message forever. PILOT's dispatcher owns retries.",
-            hint="Set max_attempts to 1.", id="pilot.E003"))
-    lease, beat = settings.PILOT_LEASE_SECONDS, settings.PILOT_HEARTBEAT_SECONDS
+            f"Q_CLUSTER['max_attempts'] is {q.get('max_attempts', 0)} for PILOT's cluster "
+            "(0 is unbounded): django-q2 would redeliver a failed message. PILOT's "
+            "dispatcher owns retries.", hint="Set max_attempts to 1.", id="pilot.E003"))
+    if not q.get("ack_failures"):
+        errors.append(Error(
+            "Q_CLUSTER['ack_failures'] is off for PILOT's cluster: a failed message would "
+            "stay on the broker and be delivered again. PILOT records the failure itself.",
+            hint="Set ack_failures to True.", id="pilot.E008"))
+    if q.get("save_limit", 250) != -1:
+        errors.append(Warning(
+            "Q_CLUSTER['save_limit'] is not -1 for PILOT's cluster: django-q2 keeps a result "
+            "row per message, which PILOT never reads (its Task table is the record).",
+            hint="Set save_limit to -1.", id="pilot.W008"))
+    lease, beat = pilot_settings.PILOT_LEASE_SECONDS, pilot_settings.PILOT_HEARTBEAT_SECONDS
     if lease < 2 * beat:
         errors.append(Error(
             f"PILOT_LEASE_SECONDS ({lease}) is shorter than twice PILOT_HEARTBEAT_SECONDS "
             f"({beat}): one late heartbeat would lose the lease of a healthy worker.",
             hint="Raise the lease or lower the heartbeat interval.", id="pilot.E004"))
     return errors
+
+
+# --- what a host project must install, and what it may leave out ---------------------------
+
+REQUIRED_APPS = ("rest_framework", "drf_spectacular", "drf_spectacular_sidecar", "django_q")
+
+_MIDDLEWARE = {
+    "workflows.observability.middleware.TraceIdMiddleware": (
+        "pilot.W020", "requests get no X-Request-ID and events of one request do not share a "
+                      "trace id (a trace id is still generated for each trigger)"),
+    "workflows.observability.probes.ProbeMiddleware": (
+        "pilot.W021", "/healthz, /readyz and /metrics answer 400 to a probe or scraper that "
+                      "addresses the server by IP (Django's host check)"),
+    "workflows.login_guard.LoginDeviceMiddleware": (
+        "pilot.W022", "browsers that logged in before get no device cookie, so a lockout "
+                      "that an attacker causes also locks the real user out"),
+}
+
+
+@register()
+def pilot_installation(app_configs, **kwargs):
+    """Errors for apps PILOT cannot run without; warnings for the optional parts."""
+    from django.apps import apps
+
+    problems = [Error(f"PILOT needs {app!r} in INSTALLED_APPS.",
+                      hint="See docs/embedding.md.", id="pilot.E020")
+                for app in REQUIRED_APPS if not apps.is_installed(app)]
+    middleware = list(getattr(settings, "MIDDLEWARE", None) or [])
+    for path, (check_id, consequence) in _MIDDLEWARE.items():
+        if path not in middleware:
+            problems.append(Warning(f"{path} is not in MIDDLEWARE: {consequence}.",
+                                    hint="docs/embedding.md says where it goes.",
+                                    id=check_id))
+    backends = list(getattr(settings, "AUTHENTICATION_BACKENDS", None) or [])
+    if "workflows.login_guard.LockoutBackend" not in backends:
+        problems.append(Warning(
+            "workflows.login_guard.LockoutBackend is not in AUTHENTICATION_BACKENDS: password "
+            "logins are not limited (no lockout after repeated failures).",
+            hint="Put it first in AUTHENTICATION_BACKENDS (docs/embedding.md).",
+            id="pilot.W023"))
+    if settings.DEBUG and "workflows.debug.PlainNotFoundMiddleware" not in middleware:
+        problems.append(Warning(
+            "workflows.debug.PlainNotFoundMiddleware is not in MIDDLEWARE: under DEBUG a 404 "
+            "page lists every URL pattern of the site.",
+            hint="Add it after CommonMiddleware (docs/embedding.md).", id="pilot.W024"))
+    return problems
+
+
+@register(Tags.urls)
+def pilot_urls(app_configs, **kwargs):
+    """The guarded admin password change, where the admin is mounted."""
+    from django.urls import NoReverseMatch, Resolver404, resolve, reverse
+
+    try:
+        path = reverse("admin:password_change")
+    except NoReverseMatch:
+        return []  # no admin site: nothing to guard
+    try:
+        match = resolve(path)
+    except Resolver404:
+        return []
+    if match.url_name != "pilot_password_change":
+        return [Warning(
+            f"{path} is the admin's own view: the current-password check is not limited, so "
+            "a hijacked session can guess the password.",
+            hint="Mount workflows.urls.admin_password_change_urls() before admin.site.urls "
+                 "(docs/embedding.md).", id="pilot.W025")]
+    return []
 
 
 # Backends that are not shared between processes: a limit or lockout kept there
@@ -99,9 +212,9 @@ def _migrations_pending() -> bool:
 @register(Tags.security, deploy=True)
 def pilot_webhook_targets(app_configs, **kwargs):
     """`check --deploy`: webhooks may reach the internal network (docs/webhooks.md)."""
-    if settings.PILOT_WEBHOOK_ALLOW_PRIVATE:
+    if pilot_settings.PILOT_WEBHOOK_ALLOW_PRIVATE:
         return [Warning(
             "PILOT_WEBHOOK_ALLOW_PRIVATE is on: any API client can make PILOT's workers POST "
             "to loopback, private and link-local addresses (cloud metadata included).",
-            hint="Unset it outside tests and closed networks.", id="pilot.W020")]
+            hint="Unset it outside tests and closed networks.", id="pilot.W030")]
     return []

@@ -65,6 +65,7 @@ from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from django.dispatch import receiver
 
+from workflows.conf import pilot_settings
 from workflows.observability.events import emit
 from workflows.shared_cache import CacheFailure, cache_soft, cache_strict
 
@@ -87,7 +88,7 @@ def client_ip(request) -> str:
     """The client's address as the first trusted hop saw it (see module doc)."""
     if request is None:
         return "unknown"
-    proxies = settings.PILOT_TRUSTED_PROXIES
+    proxies = pilot_settings.PILOT_TRUSTED_PROXIES
     remote = request.META.get("REMOTE_ADDR", "")
     forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
     hops = [h.strip() for h in forwarded.split(",") if h.strip()]
@@ -128,7 +129,7 @@ def device_for(request, username) -> str | None:
         return None
     try:
         data = signing.loads(raw, salt=_DEVICE_SALT,
-                             max_age=settings.PILOT_LOGIN_DEVICE_DAYS * 86400)
+                             max_age=pilot_settings.PILOT_LOGIN_DEVICE_DAYS * 86400)
     except signing.BadSignature:  # also SignatureExpired
         return None
     if not isinstance(data, dict) or data.get("u") != _norm(username):
@@ -154,10 +155,10 @@ def _counters(username, ip: str, device: str | None) -> list[_Counter]:
     """The counters an attempt is judged and counted by (see module doc)."""
     user = _norm(username)
     if device is not None:
-        return [_Counter(_key("device", user, device), settings.PILOT_LOGIN_MAX_FAILURES)]
-    return [_Counter(_key("pair", user, ip), settings.PILOT_LOGIN_MAX_FAILURES),
-            _Counter(_key("user", user), settings.PILOT_LOGIN_MAX_FAILURES_PER_USER),
-            _Counter(_key("ip", ip), settings.PILOT_LOGIN_MAX_FAILURES_PER_IP)]
+        return [_Counter(_key("device", user, device), pilot_settings.PILOT_LOGIN_MAX_FAILURES)]
+    return [_Counter(_key("pair", user, ip), pilot_settings.PILOT_LOGIN_MAX_FAILURES),
+            _Counter(_key("user", user), pilot_settings.PILOT_LOGIN_MAX_FAILURES_PER_USER),
+            _Counter(_key("ip", ip), pilot_settings.PILOT_LOGIN_MAX_FAILURES_PER_IP)]
 
 
 def _remaining(entry, now: float) -> float:
@@ -179,7 +180,7 @@ def login_lockout_remaining(*, username: str, ip: str, device: str | None = None
 
 
 def _count(counter: _Counter, now: float) -> dict:
-    window = settings.PILOT_LOGIN_LOCKOUT_SECONDS
+    window = pilot_settings.PILOT_LOGIN_LOCKOUT_SECONDS
     entry = cache.get(counter.key)
     if entry is None or now - entry["first"] > window:
         entry = {"failures": 0, "first": now, "locked_until": 0.0}
@@ -238,7 +239,7 @@ def login_lockouts_clear(*, username: str, ip: str | None = None) -> None:
 # --- the current-password check (/admin/password_change/) ------------------------------------
 
 def _password_counter(user) -> _Counter:
-    return _Counter(_key("password-change", str(user.pk)), settings.PILOT_LOGIN_MAX_FAILURES)
+    return _Counter(_key("password-change", str(user.pk)), pilot_settings.PILOT_LOGIN_MAX_FAILURES)
 
 
 def password_check_lockout_remaining(user, *, now: float | None = None) -> float:
@@ -333,7 +334,7 @@ class LoginDeviceMiddleware:
         value = getattr(request, "pilot_device_cookie", None)
         if value:
             response.set_cookie(DEVICE_COOKIE, value,
-                                max_age=settings.PILOT_LOGIN_DEVICE_DAYS * 86400,
+                                max_age=pilot_settings.PILOT_LOGIN_DEVICE_DAYS * 86400,
                                 secure=settings.SESSION_COOKIE_SECURE, httponly=True,
                                 samesite="Lax")
         return response

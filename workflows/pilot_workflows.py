@@ -1,6 +1,6 @@
 """PILOT's own workflows: the demo contract, only when PILOT_DEMO_WORKFLOWS is true."""
 
-from django.conf import settings
+from workflows.conf import pilot_settings
 
-if getattr(settings, "PILOT_DEMO_WORKFLOWS", False):
+if pilot_settings.PILOT_DEMO_WORKFLOWS:
     from workflows.demo import workflows  # noqa: F401  (registers demo.*)

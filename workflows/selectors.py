@@ -133,6 +133,31 @@ def task_counts_by_state() -> dict[str, int]:
     return counts
 
 
+def task_backlog() -> tuple[int, float | None]:
+    """(tasks waiting for a worker, epoch seconds since when the longest-waiting
+    one waits, or None): pending tasks (since their enqueue) and retrying tasks
+    whose backoff is over (since it ended). Two aggregates over the partial
+    indexes task_pending_enqueued_idx and task_retry_due_idx; on PostgreSQL it
+    gives up after 2 s (DatabaseError) rather than hold a scrape."""
+    from django.db import connection, transaction
+    from django.db.models import Count, Min
+    from django.utils import timezone
+
+    from workflows.states import TaskState
+
+    now = timezone.now()
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL statement_timeout = 2000")
+        pending = Task.objects.filter(state=TaskState.PENDING).aggregate(
+            n=Count("pk"), oldest=Min("enqueued_at"))
+        due = Task.objects.filter(state=TaskState.RETRYING, next_attempt_at__lte=now).aggregate(
+            n=Count("pk"), oldest=Min("next_attempt_at"))
+    oldest = [t for t in (pending["oldest"], due["oldest"]) if t is not None]
+    return pending["n"] + due["n"], min(oldest).timestamp() if oldest else None
+
+
 def tasks_in_flight(*, worker_ids):
     """The tasks a worker among `worker_ids` ("host:pid", as the lease records
     it) holds a lease on right now, oldest claim first, each annotated with

@@ -1,8 +1,8 @@
 """django-q2 entry points. Thin: the engine does the work (docs/design.md)."""
 
-from django.conf import settings
 from django.db import close_old_connections
 
+from workflows.conf import pilot_settings
 from workflows.engine import faults
 from workflows.engine.deliveries import delivery_send
 from workflows.engine.runner import task_run
@@ -13,7 +13,7 @@ def run_task(task_id: str) -> str:
     a no-op: "skipped"), then — the database is the queue — go on with the next
     due tasks for up to PILOT_DRAIN_SECONDS. Returns the named task's outcome."""
     close_old_connections()  # a restarted database costs a reconnect, not a failure
-    report = task_run(task_id=task_id, drain_seconds=settings.PILOT_DRAIN_SECONDS)
+    report = task_run(task_id=task_id, drain_seconds=pilot_settings.PILOT_DRAIN_SECONDS)
     faults.fault_point("before_ack")
     return report.outcome
 

@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from bench.ceiling.models import BareTask
+from workflows.api.base import AUTHENTICATION_CLASSES
 from workflows.api.permissions import CanTrigger
 
 
@@ -24,6 +25,7 @@ class BareOutSerializer(serializers.ModelSerializer):
 
 
 class BareInsertView(APIView):
+    authentication_classes = AUTHENTICATION_CLASSES
     permission_classes = [IsAuthenticated, CanTrigger]
 
     def post(self, request):

@@ -59,9 +59,12 @@ def owner():
 
 
 def token() -> str:
-    from rest_framework.authtoken.models import Token
+    """A fresh token for the benchmark's client (only hashes are stored, so the
+    one issued at prepare time cannot be read back); the previous one stops
+    working, so call it once per workload."""
+    from workflows.accounts import api_token_issue
 
-    return Token.objects.get(user=owner()).key
+    return api_token_issue(owner())
 
 
 def db_counters() -> dict:

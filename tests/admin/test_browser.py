@@ -32,6 +32,7 @@ from tests.admin.conftest import operators_group
 from tests.procs import ARTIFACTS, ROOT, Fleet, wait_until
 from workflows.engine.operations import task_cancel
 from workflows.engine.runner import task_run
+from workflows.engine.store.rows import CANCELLED_WHILE_RUNNING
 from workflows.engine.triggers import task_trigger
 from workflows.errors import NonRetryableError
 from workflows.fingerprint import fingerprint
@@ -165,8 +166,14 @@ def test_an_operator_triggers_watches_cancels_and_retries_in_a_real_browser(
     wait_for_badge(page, S.CANCELLED, timeout=30)
     history = page.locator("#transitions-group").inner_text()
     assert "browser test: stop it" in history and "finish_cancel" in history
-    # The step the cancel stopped reads "cancelled", not a red "failed".
-    assert page.locator("#pilot-steps [data-step-state='cancelled']").count() == 1
+    # The step the cancel stopped reads "cancelled", not a red "failed". Where the
+    # cancel lands is timing: mid-sleep, the heartbeat notices it and the step is
+    # stopped; in the last moments of a step's sleep (after its last heartbeat) the
+    # body returns first and the step is recorded done. The page shows what the
+    # checkpoints say either way, and never a failure.
+    stopped = task.steps.filter(state="failed", error=CANCELLED_WHILE_RUNNING).count()
+    assert stopped <= 1
+    assert page.locator("#pilot-steps [data-step-state='cancelled']").count() == stopped
     assert page.locator("#pilot-steps [data-step-state='failed']").count() == 0
     assert page.locator("a[data-action='cancel']").count() == 0
     assert page.locator("a[data-action='retry']").count() == 1

@@ -127,7 +127,7 @@ def test_refusals_raise_the_class_of_their_code(pilot, live_pilot):
 
 
 def test_a_wrong_token_or_a_missing_permission_is_typed_too(live_pilot, django_user_model):
-    from rest_framework.authtoken.models import Token
+    from workflows.accounts import api_token_issue
 
     _, url = live_pilot
     with PilotClient(url, "not-a-token") as stranger:
@@ -135,7 +135,7 @@ def test_a_wrong_token_or_a_missing_permission_is_typed_too(live_pilot, django_u
             stranger.trigger("demo.echo", {})
         assert caught.value.status == 401
     reader = django_user_model.objects.create_user("reader")
-    with PilotClient(url, Token.objects.create(user=reader).key) as limited:
+    with PilotClient(url, api_token_issue(reader)) as limited:
         with pytest.raises(pilot_client.PermissionDenied):
             limited.trigger("demo.echo", {})
         assert list(limited.list()) == []

@@ -6,7 +6,8 @@ from io import StringIO
 import pytest
 from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
-from rest_framework.authtoken.models import Token
+
+from workflows.models import ApiToken
 
 pytestmark = pytest.mark.django_db
 
@@ -23,7 +24,7 @@ def test_an_existing_staff_or_superuser_account_is_refused(django_user_model, ki
         "root", password="pw-root-123", is_staff=True, is_superuser=kind == "superuser")
     with pytest.raises(CommandError, match="--allow-staff"):
         run("root")
-    assert not Token.objects.filter(user=user).exists()
+    assert not ApiToken.objects.filter(user=user).exists()
     assert not user.user_permissions.exists()  # nothing granted either
 
 
@@ -92,4 +93,4 @@ def test_a_bad_default_endpoint_is_refused_before_anything_is_created(url, messa
     settings.PILOT_WEBHOOK_ALLOW_PRIVATE = False
     with pytest.raises(CommandError, match=message):
         run("newcomer", "--webhook", url)
-    assert not Token.objects.exists() and not ClientWebhook.objects.exists()
+    assert not ApiToken.objects.exists() and not ClientWebhook.objects.exists()

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from pilot.processes import descendants
 from tests.procs import ROOT, free_port
+from workflows.processes import descendants
 
 # Our own variables (and those of the `make test` running us): a developer's
 # shell has none of them set.
@@ -100,7 +100,7 @@ def local_run(tmp_path):
         run = LocalRun(popen, port, database, log_path)
         runs.append(run)
         deadline = time.monotonic() + 60
-        while not (match := re.search(r"API token: (\w+)", run.log())):
+        while not (match := re.search(r"API token: (\S+)", run.log())):
             if popen.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"make run did not come up:\n{run.log()[-4000:]}")
             time.sleep(0.2)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from pilot.processes import descendants
 from tests.local.conftest import _TEST_ONLY, skip_on_postgres, start_time, still_running
 from tests.procs import ROOT
+from workflows.processes import descendants
 
 pytestmark = [pytest.mark.slow, skip_on_postgres]
 

@@ -8,6 +8,7 @@ import pytest
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.factories import S
 from tests.helpers import drain
 from tests.procs import ROOT
 from workflows.engine.triggers import task_trigger
@@ -152,3 +153,37 @@ def test_processes_sharing_a_multiprocess_dir_are_merged(tmp_path):
                          capture_output=True, text=True).stdout
     assert 'pilot_triggers_total{outcome="created",workflow="demo.echo"} 2.0' in out
     assert "pilot_database_up 0.0" in out
+
+
+# --- gauges read at scrape time: backlog, oldest pending, dispatcher liveness -------------
+
+def test_backlog_and_the_oldest_waiting_task_are_gauges(owner, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.factories import make_task
+    from workflows.models import Task
+
+    settings.PILOT_METRICS_TASKS_TTL = 0
+    old, _new = make_task(owner), make_task(owner)
+    Task.objects.filter(pk=old.pk).update(enqueued_at=timezone.now() - timedelta(seconds=120))
+    make_task(owner, state=S.SUCCEEDED)
+    samples = scrape()
+    assert value(samples, "pilot_backlog_tasks") == 2
+    assert 120 <= value(samples, "pilot_oldest_pending_age_seconds") < 180
+
+
+def test_a_dispatcher_pass_makes_its_liveness_gauge_young(settings):
+    import threading
+
+    from django.core.cache import cache
+
+    from workflows.engine.loop import dispatcher_loop
+    from workflows.observability import metrics
+
+    cache.delete(metrics._DISPATCHER_KEY)
+    metrics._last_beat = 0.0
+    assert ("pilot_dispatcher_last_pass_age_seconds", ()) not in scrape()
+    dispatcher_loop(threading.Event(), poll=0.01, max_passes=1)
+    assert 0 <= scrape()[("pilot_dispatcher_last_pass_age_seconds", ())] < 5

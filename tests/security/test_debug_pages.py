@@ -5,7 +5,7 @@ in URLs wherever they appear, and a 404 does not list the site's routes."""
 import pytest
 from django.test import Client, override_settings
 
-from pilot.debug import MASK, mask_url_credentials
+from workflows.debug import MASK, mask_url_credentials
 
 pytestmark = pytest.mark.django_db
 

@@ -73,4 +73,79 @@ def test_the_deploy_check_warns_when_webhooks_may_reach_private_addresses(settin
     assert pilot_webhook_targets(None) == []
     settings.PILOT_WEBHOOK_ALLOW_PRIVATE = True
     [warning] = pilot_webhook_targets(None)
-    assert warning.id == "pilot.W020" and "cloud metadata" in warning.msg
+    assert warning.id == "pilot.W030" and "cloud metadata" in warning.msg
+
+
+# --- PILOT's own cluster (ALT_CLUSTERS) ----------------------------------------------
+
+HOST_Q = {"name": "mysite", "orm": "default", "timeout": 60, "retry": 90,
+          "ALT_CLUSTERS": {"pilot": {"timeout": 300, "retry": 360, "max_attempts": 1,
+                                     "ack_failures": True, "save_limit": -1}}}
+
+
+def test_an_alt_cluster_entry_is_checked_and_the_hosts_cluster_is_not():
+    # The host's own cluster retries forever (max_attempts 0): its business.
+    assert ids(Q_CLUSTER=HOST_Q, PILOT_Q_CLUSTER_NAME="pilot") == []
+    broken = {**HOST_Q, "ALT_CLUSTERS": {"pilot": {"timeout": 300, "retry": 60}}}
+    assert ids(Q_CLUSTER=broken, PILOT_Q_CLUSTER_NAME="pilot") == \
+        ["pilot.E002", "pilot.E003", "pilot.E008", "pilot.W008"]
+
+
+def test_a_missing_cluster_is_refused_with_the_entry_to_add():
+    with override_settings(Q_CLUSTER={"name": "mysite", "orm": "default"},
+                           PILOT_Q_CLUSTER_NAME="pilot"):
+        [error] = pilot_execution_settings(None)
+    assert error.id == "pilot.E005" and "ALT_CLUSTERS" in error.hint
+    assert "'max_attempts': 1" in error.hint
+
+
+def test_an_alt_cluster_with_a_broker_of_its_own_is_refused():
+    q = {**HOST_Q, "ALT_CLUSTERS": {"pilot": {**HOST_Q["ALT_CLUSTERS"]["pilot"],
+                                              "redis": "redis://elsewhere:6379/0"}}}
+    assert "pilot.E006" in ids(Q_CLUSTER=q, PILOT_Q_CLUSTER_NAME="pilot")
+
+
+def test_a_broker_pilot_cannot_write_to_is_refused(settings):
+    q = {k: v for k, v in settings.Q_CLUSTER.items() if k not in ("orm", "redis")}
+    q["sqs"] = {"aws_region": "x"}
+    assert "pilot.E007" in ids(Q_CLUSTER=q)
+
+
+# --- what a host project left out (warnings, never a crash) ---------------------------
+
+def installation_ids(**overrides):
+    from workflows.checks import pilot_installation
+
+    with override_settings(**overrides):
+        return [e.id for e in pilot_installation(None)]
+
+
+def test_the_standalone_project_has_every_piece():
+    from workflows.checks import pilot_urls
+
+    assert installation_ids() == []
+    assert pilot_urls(None) == []
+
+
+def test_each_missing_middleware_and_the_lockout_backend_is_a_named_warning():
+    bare = ["django.contrib.sessions.middleware.SessionMiddleware",
+            "django.contrib.auth.middleware.AuthenticationMiddleware",
+            "django.contrib.messages.middleware.MessageMiddleware"]
+    assert installation_ids(MIDDLEWARE=bare) == ["pilot.W020", "pilot.W021", "pilot.W022"]
+    assert installation_ids(
+        AUTHENTICATION_BACKENDS=["django.contrib.auth.backends.ModelBackend"]) == ["pilot.W023"]
+    assert installation_ids(MIDDLEWARE=bare, DEBUG=True)[-1] == "pilot.W024"
+
+
+def test_a_missing_required_app_is_an_error():
+    from django.test import modify_settings
+
+    with modify_settings(INSTALLED_APPS={"remove": ["drf_spectacular_sidecar"]}):
+        assert installation_ids() == ["pilot.E020"]
+
+
+def test_the_admins_unguarded_password_change_is_a_warning():
+    from workflows.checks import pilot_urls
+
+    with override_settings(ROOT_URLCONF="tests.unit.unguarded_urls"):
+        assert [e.id for e in pilot_urls(None)] == ["pilot.W025"]

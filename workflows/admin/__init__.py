@@ -16,16 +16,30 @@ Admin code never changes a task: every change is an engine call.
 from django.contrib import admin
 
 from workflows.admin import tasks  # noqa: F401  (registers TaskAdmin)
+from workflows.conf import pilot_settings
 
-admin.site.site_header = "PILOT operator console"
-admin.site.site_title = "PILOT"
-admin.site.index_title = "Operator console"
-admin.site.index_template = "pilot/admin/index.html"
-# The console's favicon and script on the login and app pages too.
-admin.site.login_template = "pilot/admin/login.html"
-admin.site.app_index_template = "pilot/admin/app_index.html"
-# The task list needs the width (every column visible at 1440 px); the console's
-# pages link each other, and Home lists every model.
-admin.site.enable_nav_sidebar = False
-# "View site" opens the console's task list: PILOT has no other site to view.
-admin.site.site_url = "/admin/workflows/task/"
+
+def brand_admin_site(site=admin.site) -> None:
+    """The operator console's look for a whole admin site: its header, title,
+    index (links to the console's pages), login and app pages, no sidebar, and
+    "View site" opening the task list. Opt-in (PILOT_ADMIN_BRANDING): on in
+    the standalone project, off in a host project, whose admin keeps its own
+    name — PILOT's pages there carry the console's look by themselves."""
+    from django.urls import reverse_lazy
+
+    site.site_header = "PILOT operator console"
+    site.site_title = "PILOT"
+    site.index_title = "Operator console"
+    site.index_template = "pilot/admin/index.html"
+    # The console's favicon and script on the login and app pages too.
+    site.login_template = "pilot/admin/login.html"
+    site.app_index_template = "pilot/admin/app_index.html"
+    # The task list needs the width (every column visible at 1440 px); the console's
+    # pages link each other, and Home lists every model.
+    site.enable_nav_sidebar = False
+    # "View site" opens the console's task list: PILOT has no other site to view.
+    site.site_url = reverse_lazy("admin:workflows_task_changelist")
+
+
+if pilot_settings.PILOT_ADMIN_BRANDING:
+    brand_admin_site()

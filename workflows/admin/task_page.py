@@ -19,12 +19,11 @@ import dataclasses
 import json
 from datetime import datetime, timedelta
 
-from django.conf import settings
-
 from workflows.admin.deliveries import delivery_views
 from workflows.admin.phases import WAITING, task_phases, waits_before
 from workflows.admin.text import duration_text
 from workflows.admin.timeline import task_timeline
+from workflows.conf import pilot_settings
 from workflows.engine.store.rows import CANCELLED_WHILE_RUNNING
 from workflows.models import StepCheckpoint, TaskReplay, TaskTransition
 from workflows.registry import registry
@@ -139,7 +138,7 @@ def now_panel(task, steps: list[StepView], plan: list | None, phases: list) -> N
             else current.start, step=running, n=len(plan) if plan is not None else 0,
             lease_expires_at=lease, worker=task.lease_owner,
             # The lease is renewed at each heartbeat to now + PILOT_LEASE_SECONDS.
-            heartbeat_at=lease - timedelta(seconds=settings.PILOT_LEASE_SECONDS)
+            heartbeat_at=lease - timedelta(seconds=pilot_settings.PILOT_LEASE_SECONDS)
             if lease else None)
         if running is not None:
             panel.k = running.index + 1

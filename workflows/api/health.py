@@ -29,12 +29,12 @@ import logging
 
 from django.conf import settings
 from django.db import DatabaseError, connection
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, inline_serializer
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
+from workflows.api.base import PilotAPIView, documented
 from workflows.api.problems import problem_response
 from workflows.api.serializers import ProblemSerializer
 from workflows.engine.enqueue import uses_orm_broker
@@ -50,13 +50,13 @@ _Status = inline_serializer("HealthStatus", {
 PROBE_TIMEOUT_SECONDS = 1.0
 
 
-class _Open(APIView):
+class _Open(PilotAPIView):
     authentication_classes: list = []
     permission_classes = [AllowAny]
 
 
 class HealthzView(_Open):
-    @extend_schema(operation_id="healthz", responses={200: _Status}, tags=["health"])
+    @documented(operation_id="healthz", responses={200: _Status}, tags=["health"])
     def get(self, request):
         return Response({"status": "ok"})
 
@@ -78,7 +78,9 @@ def _broker_error() -> str:
     """"" when the Redis broker answers PING, else the error."""
     import redis
 
-    config = settings.Q_CLUSTER["redis"]  # a URL, or django-q2's dict of Redis() arguments
+    # A URL, or django-q2's dict of Redis() arguments (the broker is the main
+    # configuration's, whichever cluster PILOT's is: workflows.cluster).
+    config = settings.Q_CLUSTER["redis"]
     timeouts = {"socket_connect_timeout": PROBE_TIMEOUT_SECONDS,
                 "socket_timeout": PROBE_TIMEOUT_SECONDS}
     try:
@@ -95,7 +97,7 @@ def _broker_error() -> str:
 
 
 class ReadyzView(_Open):
-    @extend_schema(operation_id="readyz", tags=["health"], responses={
+    @documented(operation_id="readyz", tags=["health"], responses={
         200: _Status,
         (503, "application/problem+json"): OpenApiResponse(ProblemSerializer,
                                                            description="Problem: unavailable")})

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 
-from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 
+from workflows.conf import pilot_settings
 from workflows.errors import PayloadTooLarge
 
 # Room for the envelope around the payload (workflow name, task_id, ...).
@@ -29,7 +29,7 @@ class BoundedJSONParser(BaseParser):
 
     def limit_for(self, view) -> int:
         return getattr(view, "max_body_bytes", None) or (
-            settings.PILOT_MAX_PAYLOAD_BYTES + ENVELOPE_BYTES)
+            pilot_settings.PILOT_MAX_PAYLOAD_BYTES + ENVELOPE_BYTES)
 
     def parse(self, stream, media_type=None, parser_context=None):
         context = parser_context or {}

@@ -191,7 +191,10 @@ def strict_request_bodies(result, generator, request, public):
     """drf-spectacular postprocessing hook: trigger bodies are required, and
     request bodies that refuse unknown fields say so (`additionalProperties:
     false`)."""
-    for path in ("/api/v1/tasks", "/api/v1/tasks/batch"):
+    from workflows.api.docs_views import api_prefix
+
+    prefix = "/" + api_prefix()
+    for path in (f"{prefix}tasks", f"{prefix}tasks/batch"):
         body = result.get("paths", {}).get(path, {}).get("post", {}).get("requestBody")
         if body is not None:
             body["required"] = True

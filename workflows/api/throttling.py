@@ -25,12 +25,12 @@ import re
 import time
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.core.cache import cache
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework.exceptions import Throttled
 from rest_framework.throttling import BaseThrottle
 
+from workflows.conf import pilot_settings
 from workflows.shared_cache import cache_guarded
 
 _PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -67,14 +67,14 @@ def parse_rate(setting: str, value: str) -> tuple[int, int]:
 
 
 def trigger_rate() -> tuple[int, int]:
-    return parse_rate(TRIGGER.setting, settings.PILOT_TRIGGER_RATE)
+    return parse_rate(TRIGGER.setting, pilot_settings.PILOT_TRIGGER_RATE)
 
 
 def rate_consume(scope: Scope, user, cost: int = 1) -> None:
     """Count `cost` requests of `scope` for `user` in the current window; raise
     RateLimited (with the wait until the window ends) when that goes over the
     rate. Cache failures: see the module doc."""
-    limit, period = parse_rate(scope.setting, getattr(settings, scope.setting))
+    limit, period = parse_rate(scope.setting, getattr(pilot_settings, scope.setting))
     wait = cache_guarded(f"{scope.name} throttle",
                          lambda: _consume(f"{scope.name}-rate:{user.pk}", cost, limit, period),
                          None)

@@ -1,10 +1,16 @@
-"""/api/v1/ routes, exactly as SPEC §8 writes them (no trailing slashes)."""
+"""The API's routes (no trailing slashes), in the `pilot_api` namespace.
+
+Mounted by the project wherever it likes (`/api/v1/` in the standalone
+project): every URL PILOT hands out is built with `reverse("pilot_api:…")`.
+"""
 
 from django.urls import path, re_path
 
 from workflows.api import views
 from workflows.api.docs_views import DocsView, SchemaView
 from workflows.api.problems import api_not_found
+
+app_name = "pilot_api"
 
 urlpatterns = [
     path("tasks", views.TaskCollectionView.as_view(), name="tasks"),
@@ -14,6 +20,6 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/retry", views.TaskRetryView.as_view(), name="task-retry"),
     path("workflows", views.WorkflowListView.as_view(), name="workflows"),
     path("schema", SchemaView.as_view(), name="schema"),
-    path("docs", DocsView.as_view(url_name="schema"), name="docs"),
+    path("docs", DocsView.as_view(url_name="pilot_api:schema"), name="docs"),
     re_path(r"^[\s\S]*$", api_not_found),  # [\s\S]: paths may hold newlines too
 ]

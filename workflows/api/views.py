@@ -1,16 +1,16 @@
-"""The REST API (SPEC §8). Thin views: validate, call one engine or selector
+"""The REST API (docs: GET …/docs). Thin views: validate, call one engine or selector
 function, serialize. Errors are raised and rendered by api.problems."""
 
 from __future__ import annotations
 
 from django.db.models import Prefetch, prefetch_related_objects
-from drf_spectacular.utils import extend_schema
+from django.urls import reverse
 from rest_framework import status
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from workflows.api import schema as docs
+from workflows.api.base import PilotAPIView, documented
 from workflows.api.pagination import TaskCursorPagination
 from workflows.api.permissions import CanTrigger
 from workflows.api.problems import pilot_error_dict
@@ -34,6 +34,7 @@ from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger
 from workflows.errors import IdempotencyKeyMismatch, PilotError, ValidationFailed
 from workflows.fingerprint import normalize_key
 from workflows.models import StepCheckpoint
+from workflows.observability.middleware import request_trace_context
 from workflows.registry import registry
 from workflows.selectors import task_get_for, tasks_filtered_for
 from workflows.states import Source
@@ -44,6 +45,12 @@ MAX_BATCH_BODY_BYTES = 16 * 1024 * 1024
 def _with_steps(queryset):
     return queryset.prefetch_related(
         Prefetch("steps", queryset=StepCheckpoint.objects.order_by("index")))
+
+
+def _trace(request) -> dict:
+    """The trace context a trigger stores on its tasks (docs/tracing.md)."""
+    trace_id, traceparent = request_trace_context(request)
+    return {"trace_id": trace_id, "traceparent": traceparent}
 
 
 def _key_from(request, body_key):
@@ -74,7 +81,7 @@ def _trigger_response(outcome) -> Response:
     deliveries = [] if created else None  # nor deliveries
     headers = {"Idempotent-Replayed": "true" if outcome.replayed else "false"}
     if outcome.http_status == status.HTTP_202_ACCEPTED:
-        headers["Location"] = f"/api/v1/tasks/{task.pk}"
+        headers["Location"] = reverse("pilot_api:task-detail", kwargs={"task_id": task.pk})
     return Response(task_data(task, steps, deliveries), status=outcome.http_status,
                     headers=headers)
 
@@ -91,7 +98,7 @@ def _validated(serializer_class, data, what: str = "The request body"):
     return serializer.validated_data
 
 
-class TaskCollectionView(APIView):
+class TaskCollectionView(PilotAPIView):
     """GET: list the caller's tasks. POST: trigger a workflow idempotently."""
 
     def get_permissions(self):
@@ -102,7 +109,7 @@ class TaskCollectionView(APIView):
     def get_throttles(self):
         return [TriggerRateThrottle()] if self.request.method == "POST" else []
 
-    @extend_schema(operation_id="tasks_list", parameters=docs.LIST_PARAMETERS,
+    @documented(operation_id="tasks_list", parameters=docs.LIST_PARAMETERS,
                    responses={200: docs.TaskPageDoc, **docs.errors(400, 401)},
                    description="The caller's tasks, newest first (all tasks with the "
                                "workflows.view_all_tasks permission). Cursor pagination.")
@@ -113,9 +120,9 @@ class TaskCollectionView(APIView):
         return paginator.get_paginated_response([task_data(task)
                                                  for task in _with_deliveries(page)])
 
-    @extend_schema(operation_id="tasks_trigger", request=docs.TRIGGER_REQUEST,
-                   parameters=[docs.IDEMPOTENCY_KEY, docs.TRACEPARENT,
-                               *docs.TRIGGER_RESPONSE_HEADERS],
+    @documented(operation_id="tasks_trigger", request=docs.TRIGGER_REQUEST,
+                parameters=[docs.IDEMPOTENCY_KEY, docs.TRACEPARENT,
+                            *docs.TRIGGER_RESPONSE_HEADERS],
                    responses=docs.TRIGGER_RESPONSES,
                    description=docs.TRIGGER_DESCRIPTION)
     def post(self, request):
@@ -123,18 +130,18 @@ class TaskCollectionView(APIView):
         outcome = task_trigger(owner=request.user, key=_key_from(request, data.get("task_id")),
                                workflow=data["workflow"], payload=data["payload"],
                                callback_url=data.get("callback_url"), source=Source.API,
-                               trace_id=request.trace_id, traceparent=request.traceparent)
+                               **_trace(request))
         return _trigger_response(outcome)
 
 
-class TaskBatchView(APIView):
+class TaskBatchView(PilotAPIView):
     """POST: up to 1000 triggers in one request, one result per item, in order."""
 
     permission_classes = [IsAuthenticated, CanTrigger]
     max_body_bytes = MAX_BATCH_BODY_BYTES
 
-    @extend_schema(operation_id="tasks_trigger_batch", request=docs.BatchRequestDoc,
-                   parameters=[docs.TRACEPARENT],
+    @documented(operation_id="tasks_trigger_batch", request=docs.BatchRequestDoc,
+                parameters=[docs.TRACEPARENT],
                    responses=docs.BATCH_RESPONSES, description=docs.BATCH_DESCRIPTION)
     def post(self, request):
         items = _validated(BatchSerializer, request.data)["tasks"]
@@ -151,8 +158,7 @@ class TaskBatchView(APIView):
                                                    data.get("callback_url"))))
         if requests:
             outcomes = task_trigger_many(owner=request.user, requests=[r for _, r in requests],
-                                         source=Source.BATCH, trace_id=request.trace_id,
-                                         traceparent=request.traceparent)
+                                         source=Source.BATCH, **_trace(request))
             tasks = [o.task for o in outcomes if not isinstance(o, PilotError)]
             steps = _steps_by_task(tasks)
             _with_deliveries(o.task for o in outcomes
@@ -195,18 +201,18 @@ def _steps_by_task(tasks) -> dict:
     return by_task
 
 
-class TaskDetailView(APIView):
-    @extend_schema(operation_id="tasks_read", responses={200: TaskSerializer,
+class TaskDetailView(PilotAPIView):
+    @documented(operation_id="tasks_read", responses={200: TaskSerializer,
                                                          **docs.errors(401, 404)})
     def get(self, request, task_id):
         task = task_get_for(request.user, task_id)
         return Response(task_data(task))  # its deliveries: one query, only with an endpoint
 
 
-class TaskCancelView(APIView):
+class TaskCancelView(PilotAPIView):
     throttle_classes = [ActionRateThrottle]
 
-    @extend_schema(operation_id="tasks_cancel", request=CancelSerializer,
+    @documented(operation_id="tasks_cancel", request=CancelSerializer,
                    responses={200: TaskSerializer,
                               **docs.errors(400, 401, 403, 404, 409, 429, 503)},
                    description=docs.CANCEL_DESCRIPTION)
@@ -217,10 +223,10 @@ class TaskCancelView(APIView):
         return Response(task_data(task))
 
 
-class TaskRetryView(APIView):
+class TaskRetryView(PilotAPIView):
     throttle_classes = [ActionRateThrottle]
 
-    @extend_schema(operation_id="tasks_retry", request=RetrySerializer,
+    @documented(operation_id="tasks_retry", request=RetrySerializer,
                    responses={202: TaskSerializer,
                               **docs.errors(400, 401, 403, 404, 409, 429, 503)},
                    description=docs.RETRY_DESCRIPTION)
@@ -231,8 +237,8 @@ class TaskRetryView(APIView):
         return Response(task_data(task), status=status.HTTP_202_ACCEPTED)
 
 
-class WorkflowListView(APIView):
-    @extend_schema(operation_id="workflows_list",
+class WorkflowListView(PilotAPIView):
+    @documented(operation_id="workflows_list",
                    responses={200: WorkflowSerializer(many=True), **docs.errors(401)})
     def get(self, request):
         return Response([w.describe() for w in registry.all()])

@@ -22,9 +22,9 @@ from __future__ import annotations
 import logging
 import time
 
-from django.conf import settings
 from django.db import DatabaseError
 
+from workflows.conf import pilot_settings
 from workflows.engine import faults
 from workflows.engine.leases import Lease, Refused, classify, lease_length
 from workflows.engine.store import store
@@ -67,7 +67,7 @@ class StepContext:
         refusal — the token is no longer ours — stops the step."""
         if self._atomic:
             now = time.monotonic()
-            if force or now - self._last_check >= settings.PILOT_HEARTBEAT_SECONDS:
+            if force or now - self._last_check >= pilot_settings.PILOT_HEARTBEAT_SECONDS:
                 self._last_check = now
                 self._fenced(lambda: store().check(self._lease))
             return
@@ -95,7 +95,7 @@ class StepContext:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            time.sleep(min(remaining, settings.PILOT_HEARTBEAT_SECONDS, 0.25))
+            time.sleep(min(remaining, pilot_settings.PILOT_HEARTBEAT_SECONDS, 0.25))
             self.heartbeat()
 
     def save_progress(self, progress) -> None:

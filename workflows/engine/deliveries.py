@@ -38,12 +38,12 @@ import logging
 import time
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
 from workflows.backoff import backoff_delay
+from workflows.conf import pilot_settings
 from workflows.engine.enqueue import deliveries_enqueue_on_commit
 from workflows.engine.leases import DbClock, worker_id
 from workflows.engine.store.orm import give_up_after
@@ -69,12 +69,12 @@ RESEND_PERMISSION = "workflows.resend_webhook"
 
 
 def retry_policy() -> RetryPolicy:
-    return RetryPolicy(max_attempts=0, initial=settings.PILOT_WEBHOOK_FIRST_RETRY_SECONDS,
-                       factor=2.0, max_delay=settings.PILOT_WEBHOOK_MAX_DELAY_SECONDS)
+    return RetryPolicy(max_attempts=0, initial=pilot_settings.PILOT_WEBHOOK_FIRST_RETRY_SECONDS,
+                       factor=2.0, max_delay=pilot_settings.PILOT_WEBHOOK_MAX_DELAY_SECONDS)
 
 
 def _timeout() -> float:
-    return settings.PILOT_WEBHOOK_TIMEOUT_SECONDS
+    return pilot_settings.PILOT_WEBHOOK_TIMEOUT_SECONDS
 
 
 @dataclasses.dataclass
@@ -234,7 +234,7 @@ def _end(delivery: WebhookDelivery, state: str, now: datetime, *, error: str) ->
 # --- the dispatcher's scan -------------------------------------------------------------------
 
 def _due(now: datetime) -> Q:
-    stale = now - timedelta(seconds=settings.PILOT_REENQUEUE_SECONDS)
+    stale = now - timedelta(seconds=pilot_settings.PILOT_REENQUEUE_SECONDS)
     return (Q(state=DeliveryState.PENDING, next_attempt_at__lte=now)
             & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
             & (Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=stale)))

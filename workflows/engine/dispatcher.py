@@ -36,11 +36,11 @@ import dataclasses
 import logging
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Min, Q
 
 from workflows.backoff import backoff_delay
+from workflows.conf import pilot_settings
 from workflows.engine.deliveries import deliveries_enqueue_due
 from workflows.engine.enqueue import enqueue_on_commit
 from workflows.engine.leases import worker_id
@@ -176,7 +176,7 @@ def _recover_expired_leases(now, batch, actor, report) -> None:
 
 
 def _stale(now) -> datetime:
-    return now - timedelta(seconds=settings.PILOT_REENQUEUE_SECONDS)
+    return now - timedelta(seconds=pilot_settings.PILOT_REENQUEUE_SECONDS)
 
 
 def _needs_message(now) -> Q:

@@ -29,6 +29,7 @@ from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
+from workflows.cluster import cluster_name
 from workflows.observability.events import emit
 
 RUN_TASK = "workflows.worker.run_task"
@@ -38,10 +39,12 @@ _broker = None
 
 
 def broker():
-    """This process's broker (one Redis connection pool, not one per message)."""
+    """This process's broker (one Redis connection pool, not one per message),
+    on PILOT's own queue: PILOT_Q_CLUSTER_NAME (workflows.cluster), whatever
+    cluster this process's django-q2 configuration is the default of."""
     global _broker
     if _broker is None:
-        _broker = get_broker()
+        _broker = get_broker(list_key=cluster_name())
     return _broker
 
 

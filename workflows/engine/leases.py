@@ -30,8 +30,7 @@ import socket
 import time
 from datetime import datetime, timedelta
 
-from django.conf import settings
-
+from workflows.conf import pilot_settings
 from workflows.errors import CancelRequested, LeaseLost
 from workflows.states import TaskState
 
@@ -58,7 +57,7 @@ class LeaseClock:
         self.renewed = time.monotonic()
 
     def due(self) -> bool:
-        return time.monotonic() - self.renewed >= settings.PILOT_HEARTBEAT_SECONDS
+        return time.monotonic() - self.renewed >= pilot_settings.PILOT_HEARTBEAT_SECONDS
 
     def mark(self) -> None:
         self.renewed = time.monotonic()
@@ -104,4 +103,4 @@ def worker_id() -> str:
 
 
 def lease_length() -> timedelta:
-    return timedelta(seconds=settings.PILOT_LEASE_SECONDS)
+    return timedelta(seconds=pilot_settings.PILOT_LEASE_SECONDS)

@@ -7,9 +7,9 @@ import logging
 import threading
 import time
 
-from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections
 
+from workflows.conf import pilot_settings
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.scheduler_loop import scheduler_wait
 from workflows.engine.schedules import schedules_fire_due
@@ -25,7 +25,7 @@ def dispatcher_loop(stop: threading.Event, *, poll: float | None = None,
     database's), not at all when a scan was full. Survives anything a pass
     raises — a database outage (logs, backs off, reconnects) or a bug — so one
     bad pass never stops recovery for every task. Returns the number of passes."""
-    poll = settings.PILOT_DISPATCHER_POLL_SECONDS if poll is None else poll
+    poll = pilot_settings.PILOT_DISPATCHER_POLL_SECONDS if poll is None else poll
     passes, outage_wait = 0, poll
     emit("dispatcher_started", poll_seconds=poll)
     while not stop.is_set() and (max_passes is None or passes < max_passes):
@@ -49,6 +49,8 @@ def dispatcher_loop(stop: threading.Event, *, poll: float | None = None,
             outage_wait = min(outage_wait * 2, 10.0)
             continue
         passes += 1
+        # For the metrics' dispatcher liveness (pilot_dispatcher_last_pass_age_seconds).
+        emit("dispatcher_pass", level=logging.DEBUG)
         if report.full or fired.full:
             continue
         wait = poll

@@ -12,9 +12,9 @@ import logging
 import threading
 import time
 
-from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections
 
+from workflows.conf import pilot_settings
 from workflows.engine.schedules import schedules_fire_due
 from workflows.observability.events import emit
 
@@ -27,7 +27,7 @@ def scheduler_loop(stop: threading.Event, *, poll: float | None = None,
                    max_passes: int | None = None) -> int:
     """Run passes until `stop` is set (or `max_passes` ran); returns the number
     of passes. The pass in progress when `stop` is set finishes first."""
-    poll = settings.PILOT_SCHEDULER_POLL_SECONDS if poll is None else poll
+    poll = pilot_settings.PILOT_SCHEDULER_POLL_SECONDS if poll is None else poll
     passes, outage_wait = 0, poll
     emit("scheduler_started", poll_seconds=poll)
     while not stop.is_set() and (max_passes is None or passes < max_passes):

@@ -41,10 +41,10 @@ import logging
 import uuid
 from datetime import datetime
 
-from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Min
 
+from workflows.conf import pilot_settings
 from workflows.cron import cron_latest_slots, cron_next, slot_text
 from workflows.engine.store import store
 from workflows.engine.triggers import CREATED, REPLAYED, TriggerRequest, task_trigger_many
@@ -126,7 +126,7 @@ def schedules_fire_due(*, now: datetime | None = None, batch: int = BATCH,
     scan itself meets (the database unreachable: OperationalError); a failure
     inside one schedule's transaction pauses that schedule and the pass goes on."""
     now = now or database_now()
-    grace = settings.PILOT_SCHEDULE_GRACE_SECONDS if grace is None else grace
+    grace = pilot_settings.PILOT_SCHEDULE_GRACE_SECONDS if grace is None else grace
     report = ScheduleFireReport(now=now)
     tried: set[int] = set()
     while True:

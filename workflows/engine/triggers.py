@@ -40,11 +40,11 @@ import time
 import uuid
 from collections import defaultdict
 
-from django.conf import settings
 from django.db import OperationalError, transaction
 from django.db.models import Max, Subquery, Sum, Value
 from django.db.models.functions import Coalesce, Now
 
+from workflows.conf import pilot_settings
 from workflows.engine.audit import actor_for
 from workflows.engine.enqueue import enqueue_on_commit, uses_orm_broker
 from workflows.engine.operations import task_restart
@@ -230,7 +230,7 @@ def payload_validate(payload, workflow: Workflow | None = None) -> str:
         raise ValidationFailed(
             "The payload contains a lone surrogate (\\ud800-\\udfff)",
             errors={"payload": ["Strings and keys may not contain lone surrogates."]}) from None
-    limit = settings.PILOT_MAX_PAYLOAD_BYTES
+    limit = pilot_settings.PILOT_MAX_PAYLOAD_BYTES
     if len(encoded) > limit:
         raise PayloadTooLarge(f"The payload is {len(encoded)} bytes; the limit is {limit}")
     if workflow is not None and workflow.payload_serializer is not None:

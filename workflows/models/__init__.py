@@ -3,9 +3,10 @@ from workflows.models.replay import TaskReplay
 from workflows.models.schedule import MissedPolicy, PilotSchedule, ScheduleOrigin
 from workflows.models.step import StepCheckpoint
 from workflows.models.task import Task
+from workflows.models.token import ApiToken
 from workflows.models.transition import TaskTransition
 from workflows.models.webhook import ClientWebhook, DeliveryState, WebhookDelivery
 
-__all__ = ["ClientWebhook", "DeliveryState", "DemoLedger", "DemoOrder", "MissedPolicy",
-           "PilotSchedule", "ScheduleOrigin", "StepCheckpoint", "Task", "TaskReplay",
-           "TaskTransition", "WebhookDelivery"]
+__all__ = ["ApiToken", "ClientWebhook", "DeliveryState", "DemoLedger", "DemoOrder",
+           "MissedPolicy", "PilotSchedule", "ScheduleOrigin", "StepCheckpoint", "Task",
+           "TaskReplay", "TaskTransition", "WebhookDelivery"]

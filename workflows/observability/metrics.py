@@ -14,25 +14,37 @@ must share one such directory, empty when the machine boots. Without it each
 process only sees its own counts (fine for tests and `make run` in one
 process; bin/run-local sets one up).
 
-`pilot_tasks{state}` is not an event counter: it is read from the database at
-scrape time (`task_counts_by_state`, one GROUP BY over an index, cached for
-PILOT_METRICS_TASKS_TTL seconds in the shared cache so many web processes and
-scrapers cost one query per TTL).
+Processes come and go (django-q2 recycles its workers): the files of dead
+ones are compacted into archives before a scrape reads the directory, so the
+scrape costs the same after weeks (observability.multiproc).
+
+Read at scrape time rather than counted (each cached for
+PILOT_METRICS_TASKS_TTL seconds in the shared cache, so many web processes and
+scrapers cost one read per TTL):
+
+- `pilot_tasks{state}`: one GROUP BY over an index (`task_counts_by_state`);
+- `pilot_backlog_tasks` and `pilot_oldest_pending_age_seconds`: tasks waiting
+  for a worker (pending, or retrying and due) and how long the oldest has;
+- `pilot_dispatcher_last_pass_age_seconds`: since any dispatcher last finished
+  a pass. Each dispatcher process notes its passes (`dispatcher_pass` events)
+  in the shared cache, at most every DISPATCHER_BEAT_SECONDS.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 
-from django.conf import settings
 from django.core.cache import cache
 from django.db import DatabaseError
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from workflows.conf import pilot_settings
 from workflows.observability import events
+from workflows.observability.multiproc import compact, scrape_lock
 from workflows.shared_cache import cache_soft
 
 log = logging.getLogger("pilot.metrics")
@@ -89,6 +101,24 @@ def on_event(event: str, fields: dict) -> None:
         WEBHOOK_ATTEMPTS.labels(WEBHOOK_EVENTS[event]).inc()
         if fields.get("duration_ms") is not None:
             WEBHOOK_DURATION.observe(fields["duration_ms"] / 1000)
+    elif event == "dispatcher_pass":
+        _dispatcher_beat()
+
+
+DISPATCHER_BEAT_SECONDS = 5.0
+_DISPATCHER_KEY = "pilot:metrics:dispatcher_last_pass"
+_last_beat = 0.0
+
+
+def _dispatcher_beat() -> None:
+    """Note in the shared cache that a dispatcher pass just finished (at most
+    every DISPATCHER_BEAT_SECONDS per process: one cache write, not one per pass)."""
+    global _last_beat
+    now = time.time()
+    if now - _last_beat < DISPATCHER_BEAT_SECONDS:
+        return
+    _last_beat = now
+    cache_soft("dispatcher beat", lambda: cache.set(_DISPATCHER_KEY, now, timeout=None), None)
 
 
 def install() -> None:
@@ -108,7 +138,7 @@ class TaskStateCollector:
         from workflows.selectors import task_counts_by_state
 
         counts, up = None, 1
-        ttl = settings.PILOT_METRICS_TASKS_TTL
+        ttl = pilot_settings.PILOT_METRICS_TASKS_TTL
         try:
             counts = cache_soft("metrics read", lambda: cache.get(_CACHE_KEY), None) \
                 if ttl else None
@@ -129,19 +159,64 @@ class TaskStateCollector:
                                 "1 if the last scrape could read the task table", value=up)
 
 
+class WorkCollector:
+    """`pilot_backlog_tasks`, `pilot_oldest_pending_age_seconds` (database) and
+    `pilot_dispatcher_last_pass_age_seconds` (shared cache); a read that fails
+    leaves its gauge out of this scrape (pilot_database_up says why)."""
+
+    def collect(self):
+        from workflows.selectors import task_backlog
+
+        ttl = pilot_settings.PILOT_METRICS_TASKS_TTL
+        backlog = cache_soft("metrics read", lambda: cache.get(_BACKLOG_KEY), None) \
+            if ttl else None
+        if backlog is None:
+            try:
+                backlog = task_backlog()
+            except DatabaseError as exc:
+                log.warning("pilot_backlog_tasks not available: %s", str(exc)[:200])
+            else:
+                if ttl:
+                    cache_soft("metrics write",
+                               lambda: cache.set(_BACKLOG_KEY, backlog, ttl), None)
+        now = time.time()
+        if backlog is not None:
+            count, oldest = backlog
+            yield GaugeMetricFamily("pilot_backlog_tasks", "Tasks waiting for a worker: "
+                                    "pending, or retrying and due", value=count)
+            yield GaugeMetricFamily(
+                "pilot_oldest_pending_age_seconds", "How long the task waiting longest for a "
+                "worker has waited (0 when none waits)",
+                value=max(0.0, now - oldest) if oldest is not None else 0.0)
+        last = cache_soft("metrics read", lambda: cache.get(_DISPATCHER_KEY), None)
+        if last is not None:
+            yield GaugeMetricFamily(
+                "pilot_dispatcher_last_pass_age_seconds", "Seconds since any dispatcher last "
+                f"finished a pass (noted at most every {DISPATCHER_BEAT_SECONDS:g} s)",
+                value=max(0.0, now - float(last)))
+
+
+_BACKLOG_KEY = "pilot:metrics:backlog"
+
+
 def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
 def exposition() -> bytes:
     """The Prometheus text exposition for a scrape: every process's event
-    metrics (merged from PROMETHEUS_MULTIPROC_DIR, or this process's own), then
-    the database gauges."""
-    if multiprocess_dir():
+    metrics (merged from PROMETHEUS_MULTIPROC_DIR after compacting the dead
+    processes' files, or this process's own), then the gauges read now."""
+    directory = multiprocess_dir()
+    if directory:
+        compact(directory)
         registry = CollectorRegistry()
-        MultiProcessCollector(registry)
+        MultiProcessCollector(registry, path=directory)
+        with scrape_lock(directory):
+            events_part = generate_latest(registry)
     else:
-        registry = REGISTRY
+        events_part = generate_latest(REGISTRY)
     scrape = CollectorRegistry()
     scrape.register(TaskStateCollector())
-    return generate_latest(registry) + generate_latest(scrape)
+    scrape.register(WorkCollector())
+    return events_part + generate_latest(scrape)

@@ -9,6 +9,11 @@ traceparent=…)`), which stores them on the task so that worker events, spans
 and webhook deliveries continue the trace (docs/tracing.md). The id is bound
 with `events.log_context` for the request's own events, and echoed in the
 response's `X-Request-ID` header so a client can quote it.
+
+Without the middleware (a host project that left it out: `check` says so,
+pilot.W020), `request_trace_id(request)` derives the same id from the
+request's headers on first use and keeps it on the request, so a trigger
+still records one.
 """
 
 from __future__ import annotations
@@ -36,6 +41,19 @@ def trace_context_for(headers) -> tuple[str, str]:
 def trace_id_for(headers) -> str:
     """The request's trace id (see the module docstring)."""
     return trace_context_for(headers)[0]
+
+
+def request_trace_context(request) -> tuple[str, str]:
+    """The request's (trace id, traceparent): the middleware's, else derived
+    now and kept on the request."""
+    if not getattr(request, "trace_id", None):
+        request.trace_id, request.traceparent = trace_context_for(request.headers)
+    return request.trace_id, getattr(request, "traceparent", "")
+
+
+def request_trace_id(request) -> str:
+    """The request's trace id (request_trace_context)."""
+    return request_trace_context(request)[0]
 
 
 class TraceIdMiddleware:

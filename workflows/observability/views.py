@@ -9,26 +9,27 @@ from __future__ import annotations
 
 import hmac
 
-from django.conf import settings
 from django.http import HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from workflows.conf import pilot_settings
 from workflows.observability.metrics import exposition
 
 
-def _authorized(request) -> bool:
-    token = settings.PILOT_METRICS_TOKEN
+def token_authorized(authorization: str) -> bool:
+    """Whether an Authorization header value may read the metrics."""
+    token = pilot_settings.PILOT_METRICS_TOKEN
     if not token:
         return True
-    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    scheme, _, given = authorization.partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
                                                               token.encode())
 
 
 @require_GET
 def metrics_view(request):
-    if not _authorized(request):
+    if not token_authorized(request.headers.get("Authorization", "")):
         response = HttpResponse("a bearer token is required\n", status=401,
                                 content_type="text/plain")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'

@@ -74,3 +74,14 @@ def pretty(value):
 def step_duration(step, now):
     """A StepView's duration (up to `now` while it runs)."""
     return step.duration(now)
+
+
+@register.simple_tag
+def pilot_api_docs_url():
+    """The API docs page's URL, or "" when the project did not mount the API."""
+    from django.urls import NoReverseMatch, reverse
+
+    try:
+        return reverse("pilot_api:docs")
+    except NoReverseMatch:
+        return ""

@@ -21,8 +21,7 @@ import re
 import socket
 from urllib.parse import urlsplit
 
-from django.conf import settings
-
+from workflows.conf import pilot_settings
 from workflows.errors import ValidationFailed
 
 MAX_URL_LENGTH = 2000
@@ -92,7 +91,7 @@ def address_is_public(address) -> bool:
 
 
 def _allow_private() -> bool:
-    return bool(settings.PILOT_WEBHOOK_ALLOW_PRIVATE)
+    return bool(pilot_settings.PILOT_WEBHOOK_ALLOW_PRIVATE)
 
 
 def target_addresses(target: Target) -> list[str]:

@@ -21,7 +21,6 @@ import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper
 from django.db.models.functions import Now
@@ -30,6 +29,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django_fsm import ConcurrentTransition
 
+from workflows.conf import pilot_settings
 from workflows.engine.enqueue import deliveries_enqueue_on_commit
 from workflows.engine.leases import Lease, Refused
 from workflows.engine.store.rows import StepRow
@@ -68,7 +68,7 @@ def delivery_owed(task: Task) -> bool:
 
 
 def give_up_after() -> timedelta:
-    return timedelta(seconds=settings.PILOT_WEBHOOK_GIVE_UP_SECONDS)
+    return timedelta(seconds=pilot_settings.PILOT_WEBHOOK_GIVE_UP_SECONDS)
 
 
 def _aware(value) -> datetime:

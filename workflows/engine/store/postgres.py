@@ -22,6 +22,7 @@ from django.db import connection
 from django.utils.dateparse import parse_datetime
 from django_fsm import ConcurrentTransition
 
+from workflows.conf import pilot_settings
 from workflows.engine.leases import Lease, Refused
 from workflows.engine.store.orm import (
     UPSERT_ON_CONFLICT,
@@ -66,9 +67,7 @@ def prepared(sql: str, params: dict) -> tuple[str, list]:
     planning for ~0.4 ms of execution); a prepared statement is planned once
     per connection. Off (PILOT_PG_PREPARED=false) behind a pooler that does not
     keep sessions (pgbouncer in transaction mode)."""
-    from django.conf import settings
-
-    if not getattr(settings, "PILOT_PG_PREPARED", True):
+    if not pilot_settings.PILOT_PG_PREPARED:
         return sql, params
     key, text, names = _numbered(sql)
     connection.ensure_connection()

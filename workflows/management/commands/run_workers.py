@@ -1,6 +1,11 @@
-"""`manage.py run_workers`: django-q2's `qcluster`, stopped within a bound."""
+"""`manage.py run_workers`: PILOT's django-q2 `qcluster`, stopped within a bound.
+
+The cluster runs with Q_CLUSTER_NAME=PILOT_Q_CLUSTER_NAME, so in a host project
+it is PILOT's ALT_CLUSTERS entry (PILOT's limits, PILOT's queue) and the host's
+own tasks are not touched (workflows.cluster)."""
 
 import logging
+import os
 import signal
 import socket
 import sys
@@ -11,14 +16,19 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, connections
 
-from pilot.processes import STOP_SIGNALS, Child
+from workflows.cluster import worker_environment
+from workflows.conf import pilot_settings
+from workflows.observability.metrics import multiprocess_dir
+from workflows.observability.multiproc import COMPACT_EVERY_SECONDS, compact
+from workflows.processes import STOP_SIGNALS, Child
 from workflows.selectors import tasks_in_flight
 
 log = logging.getLogger("pilot.workers")
 
 
 class Command(BaseCommand):
-    help = ("Run the django-q2 worker cluster (qcluster, PILOT_Q_WORKERS processes). On "
+    help = ("Run PILOT's django-q2 worker cluster: qcluster with Q_CLUSTER_NAME set to "
+            "PILOT_Q_CLUSTER_NAME (PILOT_Q_WORKERS processes in the standalone project). On "
             "SIGTERM, SIGINT or SIGHUP it says which tasks it waits for, lets them run for up "
             "to PILOT_STOP_SECONDS, then ends the cluster with SIGKILL: an interrupted task "
             "resumes from its last checkpoint once its lease expires. Exits 1 if the cluster "
@@ -35,14 +45,50 @@ class Command(BaseCommand):
         for sig in STOP_SIGNALS:
             signal.signal(sig, request_stop)
         connections.close_all()  # nothing held while the cluster runs
-        cluster = Child.start("qcluster", [sys.executable, settings.BASE_DIR / "manage.py",
-                                           "qcluster"], cwd=settings.BASE_DIR)
+        cluster = Child.start("qcluster", qcluster_command(), env=qcluster_environment())
+        compacted = time.monotonic()
         while not stop.wait(0.2):
             if not cluster.alive:
                 cluster.kill()  # whatever it left behind
                 raise CommandError(f"qcluster exited by itself (code {cluster.returncode})")
-        cluster_stop(cluster, grace=settings.PILOT_STOP_SECONDS,
+            if time.monotonic() - compacted >= COMPACT_EVERY_SECONDS:
+                compacted = time.monotonic()
+                metrics_compact()
+        cluster_stop(cluster, grace=pilot_settings.PILOT_STOP_SECONDS,
                      reason=signal.Signals(received[0]).name)
+
+
+def metrics_compact() -> None:
+    """Fold the metrics files of recycled workers (observability.multiproc), so
+    a machine that runs only workers does not pile them up between scrapes."""
+    directory = multiprocess_dir()
+    if directory:
+        try:
+            compact(directory)
+        except OSError as exc:  # a full or missing tmpfs must not stop the workers
+            log.warning("metrics compaction failed: %s", exc)
+
+
+def qcluster_command() -> list[str]:
+    """`qcluster` run the way this command was: by the same manage.py script,
+    else `python -m django` with this process's settings module."""
+    script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else None
+    if script and os.path.exists(script):
+        return [sys.executable, os.path.abspath(script), "qcluster"]
+    return [sys.executable, "-m", "django", "qcluster", "--settings",
+            settings.SETTINGS_MODULE]
+
+
+def qcluster_environment() -> dict[str, str]:
+    """This process's environment, plus what makes the cluster PILOT's
+    (Q_CLUSTER_NAME: an ALT_CLUSTERS entry gets PILOT's limits), the settings
+    module and this process's import path (the project need not be installed)."""
+    env = {**os.environ, **worker_environment()}
+    env.setdefault("DJANGO_SETTINGS_MODULE", settings.SETTINGS_MODULE)
+    first = [p for p in sys.path[:1] if p and os.path.isdir(p)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
+        [*first, os.getcwd(), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]))
+    return env
 
 
 def cluster_stop(cluster: Child, *, grace: float, reason: str) -> bool:
