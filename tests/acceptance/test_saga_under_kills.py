@@ -173,5 +173,9 @@ def test_a_step_raising_the_workers_own_signal_does_not_kill_the_worker(owner, f
     ids = [_trigger(owner, "test.signals", {"i": i}) for i in range(4)]
     wait_until(lambda: Task.objects.filter(pk__in=ids, state=S.FAILED).count() == 4, 90,
                interval=0.2, what="the tasks to end")
-    assert set(group_pids(group.popen.pid)) == before  # no worker was reincarnated
+    # No worker died: every process of the started cluster is still there (a
+    # reincarnated worker is a new pid *instead of* one of them; the group may
+    # also hold helper processes started later), and django-q2 logged no rebirth.
+    assert before <= set(group_pids(group.popen.pid))
+    assert "reincarnated" not in group.log()
     assert "Traceback (most recent call last)" not in group.log()

@@ -87,8 +87,10 @@ def _fresh_postgres_database(url: str) -> str:
 
     parts = urllib.parse.urlsplit(url)
     name = f"{parts.path.lstrip('/')}_host"
-    with psycopg.connect(url.replace("postgres://", "postgresql://", 1),
-                         autocommit=True) as conn:
+    # Through the maintenance database, as Django's test runner does: the database
+    # DATABASE_URL names need not exist (a fresh CI machine has only `postgres`).
+    maintenance = urllib.parse.urlunsplit(parts._replace(scheme="postgresql", path="/postgres"))
+    with psycopg.connect(maintenance, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
     return urllib.parse.urlunsplit(parts._replace(path=f"/{name}"))
