@@ -31,7 +31,7 @@ class PilotError(Exception):
         return body
 
 
-# --- trigger (SPEC §6, §8) --------------------------------------------------------
+# --- trigger (docs/design.md, "Idempotent trigger") --------------------------------------
 
 class IdempotencyKeyMissing(PilotError):
     code = "idempotency_key_missing"

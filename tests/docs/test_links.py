@@ -88,3 +88,34 @@ def test_the_checker_finds_a_missing_page_and_a_missing_anchor(tmp_path):
         "#nothing: no heading with anchor #nothing",
         "img/none.png: no such file",
     ]
+
+
+CITATION = re.compile(r'docs/design\.md,(?:\s|#)*"([^"]+)"')
+
+
+def design_sections() -> set[str]:
+    return {h.strip("`") for h in HEADING.findall(FENCE.sub("", (ROOT / "docs" / "design.md")
+                                                             .read_text()))}
+
+
+def code_files() -> list[Path]:
+    return sorted(p for top in ("workflows", "pilot") for p in (ROOT / top).rglob("*")
+                  if p.suffix in (".py", ".html", ".sql", ".js", ".css") and p.is_file())
+
+
+def test_every_citation_of_the_design_names_one_of_its_sections():
+    sections = design_sections()
+    cited = {(str(path.relative_to(ROOT)), " ".join(name.replace("#", " ").split()))
+             for path in code_files()
+             for name in CITATION.findall(path.read_text(errors="replace"))}
+    assert len(cited) > 20  # the code does cite it
+    assert sorted((path, name) for path, name in cited if name not in sections) == []
+
+
+def test_the_code_cites_no_document_outside_the_repository():
+    """Issue 13 item 5: the design lives in docs/design.md; no "SPEC §n" or
+    "STYLE practice n" pointing at documents the repository does not hold."""
+    outside = re.compile(r"\bSPEC\b|STYLE")
+    assert [f"{path.relative_to(ROOT)}:{n}" for path in code_files()
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+            if outside.search(line)] == []

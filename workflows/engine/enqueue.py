@@ -1,4 +1,4 @@
-"""The one door to django-q2 (STYLE practice 6).
+"""The one door to django-q2 (docs/design.md, "The one door to django-q2").
 
 A message carries only a task id (a string) — or, for a completion webhook, a
 delivery's `webhook-id` (`<task id>:<state>:<n>`); the worker re-reads
