@@ -23,13 +23,6 @@ class PilotError(Exception):
         self.errors = errors
         super().__init__(self.detail)
 
-    def as_dict(self) -> dict:
-        body = {"code": self.code, "title": self.title, "status": self.http_status,
-                "detail": self.detail}
-        if self.errors is not None:
-            body["errors"] = self.errors
-        return body
-
 
 # --- trigger (docs/design.md, "Idempotent trigger") --------------------------------------
 
