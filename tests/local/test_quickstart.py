@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import time
 import urllib.parse
 import urllib.request
 from http.cookiejar import CookieJar
@@ -59,6 +60,18 @@ def replies(output: str) -> list[dict]:
     return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 
 
+def finished(run, task: dict, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while task["state"] not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline, f"task still {task['state']}"
+        time.sleep(0.2)
+        request = urllib.request.Request(f"{run.url}/api/v1/tasks/{task['id']}",
+                                         headers={"Authorization": f"Token {run.token}"})
+        with urllib.request.urlopen(request) as response:
+            task = json.loads(response.read())
+    return task
+
+
 def console_page(run, path: str) -> str:
     """`path` as the admin sees it, logged in with the password make run printed."""
     password = re.search(r"user admin\s+password (\S+)", run.log()).group(1)
@@ -85,6 +98,10 @@ def test_the_readme_quickstart_works_verbatim_twice_then_the_api_walkthrough(loc
         assert re.search(r"^Idempotent-Replayed: true", out, flags=re.M | re.I)
         created, replayed, read = replies(out)  # one reply per line, none glued
         assert created["id"] == replayed["id"] == read["id"]
+        assert (created["state"], replayed["replays"]) == ("pending", 1)
+        # A second after the trigger it has run, unless this machine is very busy:
+        # then the reader would see it a moment later, as this does.
+        read = finished(run, read)
         assert (read["state"], read["result"]) == ("succeeded", {"written": 100})
         assert [s["name"] for s in read["steps"]] == ["fetch", "transform", "write"]
         link = out.strip().splitlines()[-1]
