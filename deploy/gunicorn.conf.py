@@ -9,7 +9,7 @@ PILOT_WEB_TIMEOUT (seconds a request may take, default 30), PILOT_STOP_SECONDS
 (how long a stop lets requests in flight finish, default 8; below systemd's
 TimeoutStopSec=10), PILOT_WEB_ACCESS_LOG (`-` for an access log on stdout, as
 `make run` does; unset: none), PROMETHEUS_MULTIPROC_DIR (shared with the
-machine's worker and dispatcher processes; see README "Metrics").
+machine's worker and dispatcher processes; see docs/operations.md "Metrics").
 """
 
 import multiprocessing

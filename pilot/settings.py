@@ -1,4 +1,5 @@
-"""PILOT settings, read from the environment (SPEC §13: the names are a contract).
+"""PILOT settings, read from the environment; the names are a contract
+(docs/design.md, "Settings are a contract").
 
 A local run needs nothing set except `DJANGO_DEBUG=true` (which `make run` sets);
 a production deployment sets `DJANGO_SECRET_KEY`, `DATABASE_URL` (PostgreSQL)
@@ -242,7 +243,7 @@ PILOT_HEARTBEAT_SECONDS = env_float(
 PILOT_DISPATCHER_POLL_SECONDS = env_float("PILOT_DISPATCHER_POLL_SECONDS", 1.0, minimum=0.05)
 # After the task its message named, a worker goes on claiming the next due task from
 # the database (the queue) for up to this long before it takes its next message
-# (docs/design.md, "The queue"); 0: one task per message.
+# (docs/design.md, "Execution", the queue); 0: one task per message.
 PILOT_DRAIN_SECONDS = env_float("PILOT_DRAIN_SECONDS", 5.0, minimum=0)
 # The PostgreSQL store prepares its statements once per connection (they cost more to
 # plan than to run). Turn off behind a pooler that does not keep sessions

@@ -23,15 +23,8 @@ class PilotError(Exception):
         self.errors = errors
         super().__init__(self.detail)
 
-    def as_dict(self) -> dict:
-        body = {"code": self.code, "title": self.title, "status": self.http_status,
-                "detail": self.detail}
-        if self.errors is not None:
-            body["errors"] = self.errors
-        return body
 
-
-# --- trigger (SPEC §6, §8) --------------------------------------------------------
+# --- trigger (docs/design.md, "Idempotent trigger") --------------------------------------
 
 class IdempotencyKeyMissing(PilotError):
     code = "idempotency_key_missing"

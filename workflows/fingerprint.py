@@ -1,4 +1,5 @@
-"""Idempotency keys and request fingerprints (SPEC §6). Pure: no database.
+"""Idempotency keys and request fingerprints (docs/design.md, "Idempotent trigger").
+Pure: no database.
 
 - `normalize_key` accepts a key bare (`abc-123`) or as an RFC 8941 sf-string
   (`"abc-123"`, as the IETF Idempotency-Key draft writes it); both are the same

@@ -349,7 +349,6 @@ class Registry:
 
 registry = Registry()
 define_workflow = registry.define
-get_workflow = registry.get
 
 
 def autodiscover() -> None:

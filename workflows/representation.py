@@ -1,5 +1,5 @@
-"""The task representation of SPEC §8 — the API's, and the body of a
-completion webhook — built directly.
+"""The task representation (docs/design.md, "The task representation") — the
+API's, and the body of a completion webhook — built directly.
 
 `TaskSerializer` documents this shape (the OpenAPI schema is generated from
 it) and `tests/api/test_representation.py` holds the two to the same output.

@@ -1,4 +1,5 @@
-"""Reads, scoped to the caller (STYLE: services write, selectors read)."""
+"""Reads, scoped to the caller: the engine writes, selectors read
+(docs/design.md, "Layers and doors")."""
 
 from __future__ import annotations
 

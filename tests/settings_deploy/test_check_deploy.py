@@ -15,7 +15,7 @@ from tests.procs import ROOT
 
 
 def production_env(**overrides) -> dict:
-    """The environment README "Deployment" documents, for one machine behind a
+    """The environment docs/operations.md "Deploying" documents, for one machine behind a
     TLS-terminating proxy."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("DJANGO_", "PILOT_", "PROMETHEUS_"))}

@@ -1,5 +1,5 @@
-"""Reads for the dashboard (STYLE: selectors read). A handful of aggregate
-queries, each served by an index named beside it; nothing here writes.
+"""Reads for the dashboard (docs/design.md, "Layers and doors": selectors read).
+A handful of aggregate queries, each served by an index named beside it; nothing here writes.
 
 Every function sees all tasks: the dashboard is for holders of
 `workflows.view_all_tasks`, which its view checks.

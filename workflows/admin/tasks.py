@@ -1,4 +1,4 @@
-"""The task list and the read-only task page (SPEC §9).
+"""The task list and the read-only task page (docs/design.md, "The console").
 
 Nobody edits a task here: add, change and delete are refused to everyone,
 superusers included, so the change form can never save a stale row and the

@@ -1,4 +1,4 @@
-"""Who may do what over the API (SPEC §8).
+"""Who may do what over the API (docs/design.md, "Who may do what").
 
 Authentication is required everywhere (settings); triggering also needs
 `workflows.add_task`. Reading, cancelling and retrying are scoped by the

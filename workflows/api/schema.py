@@ -140,10 +140,6 @@ class BatchRequestDoc(serializers.Serializer):
                   "and payload, and optionally callback_url (BatchItemDoc).")
 
 
-class _BatchItemDocHolder(serializers.Serializer):
-    example_item = BatchItemDoc()
-
-
 class TaskPageDoc(serializers.Serializer):
     next = serializers.URLField(allow_null=True)
     previous = serializers.URLField(allow_null=True)

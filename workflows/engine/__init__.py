@@ -1,4 +1,5 @@
-"""The engine: the only code that changes a task's state (SPEC §3, STYLE).
+"""The engine: the only code that changes a task's state (docs/design.md,
+"Layers and doors").
 
 api/, admin/, management commands and worker.py call these functions; each one
 locks what it changes, applies a django-fsm transition, saves and audits inside

@@ -1,4 +1,5 @@
-"""Deleting finished tasks with their steps and history (SPEC §10 `cleanup_tasks`).
+"""Deleting finished tasks with their steps and history: `cleanup_tasks`
+(docs/design.md, "Cleanup").
 
 `tasks_cleanup` deletes in batches, each its own short transaction:
 

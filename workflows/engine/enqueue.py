@@ -1,19 +1,28 @@
-"""The one door to django-q2 (STYLE practice 6).
+"""The one door to django-q2 (docs/design.md, "The one door to django-q2").
 
 A message carries only a task id (a string) — or, for a completion webhook, a
 delivery's `webhook-id` (`<task id>:<state>:<n>`); the worker re-reads
 everything from the database and claims under a lock (a delivery: under its
-claim token), so a duplicate or stale message is harmless.
+claim token), so a duplicate or stale message is harmless. For tasks the
+message is a doorbell, not the queue: the task table is the queue, and a woken
+worker goes on claiming due tasks from it in due order (docs/design.md,
+"Execution", the queue).
 
-- `enqueue_on_commit(ids)` is the safe call. With the ORM broker the queue row
-  is written inside the caller's transaction (a transactional outbox): a
-  rolled-back trigger enqueues nothing, a committed one cannot lose its
-  message. With Redis the push happens after commit; if the process dies in
-  between, or Redis is down (`enqueue_failed` is logged, the request still
-  succeeds: its task is committed), the dispatcher re-enqueues the
-  still-pending task (PILOT_REENQUEUE_SECONDS).
-- `enqueue_rollback_unsafe(ids)` pushes immediately, whatever the transaction
-  does; only the dispatcher, working outside a transaction, uses it.
+- `enqueue_on_commit(ids)` is the call every engine path makes (triggers,
+  operator cancel and retry, the dispatcher, the outbox of webhook deliveries
+  via `deliveries_enqueue_on_commit`). With the ORM broker the queue row is
+  written inside the caller's transaction (a transactional outbox): a
+  rolled-back change enqueues nothing, a committed one cannot lose its message.
+  With Redis the push happens after commit; if the process dies in between,
+  or Redis is down (`enqueue_failed` is logged, the request still succeeds:
+  its change is committed), nothing is lost: a busy worker claims the task from
+  the table anyway, and when no worker has claimed anything for
+  PILOT_REENQUEUE_SECONDS the dispatcher sends wake-up messages for the oldest
+  waiting tasks (a delivery without a recent message: once it is due).
+- `enqueue_rollback_unsafe(ids)` pushes at once, whatever the caller's
+  transaction then does. Only `enqueue_on_commit` calls it (after the commit,
+  or inside the transaction for the ORM broker, where the row then shares the
+  transaction's fate); tests use it to put a message on the broker directly.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The idempotent trigger (SPEC §6): one engine function for API, batch, admin, CLI.
+"""The idempotent trigger (docs/design.md, "Idempotent trigger"): one engine
+function for API, batch, admin, CLI.
 
 For (owner, key, workflow, payload) the decision table is:
 
@@ -414,7 +415,8 @@ def _default_endpoint(owner):
 
 
 def _decide(task: Task, item: _Prepared, owner, now) -> str:
-    """Decide on an existing, locked row (SPEC §6). Restarts a failed task."""
+    """Decide on an existing, locked row by the trigger table (docs/design.md,
+    "Idempotent trigger"). Restarts a failed task."""
     if task.fingerprint != item.fingerprint:
         raise IdempotencyKeyReused(
             f"Idempotency key {item.key!r} was already used for a different request "

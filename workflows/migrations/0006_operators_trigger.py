@@ -1,5 +1,6 @@
-"""Operators may also trigger workflows by hand from the console (SPEC §1:
-operators "cancel, retry, trigger by hand"), which needs workflows.add_task."""
+"""Operators may also trigger workflows by hand from the console — part of an
+operator's job beside cancel and retry (docs/design.md, "Who may do what") —
+which needs workflows.add_task."""
 
 from django.db import migrations
 

@@ -43,15 +43,6 @@ class VersionedFSMField(FSMField):
 
 
 class TaskQuerySet(models.QuerySet):
-    def for_owner(self, user):
-        return self.filter(owner=user)
-
-    def finished(self):
-        return self.filter(state__in=FINISHED_STATES)
-
-    def unfinished(self):
-        return self.exclude(state__in=FINISHED_STATES)
-
     def expired(self, now: datetime):
         """Finished tasks whose idempotency key may be reused (expires_at passed)."""
         return self.filter(state__in=FINISHED_STATES, expires_at__lte=now)

@@ -1,4 +1,5 @@
-"""TaskTransition: the audit trail, one row per state change (SPEC §4).
+"""TaskTransition: the audit trail, one row per state change (docs/design.md,
+"Data model").
 
 Written in the same transaction as the change it records, so the history can
 never claim a change that rolled back, nor miss one that committed.

@@ -1,4 +1,4 @@
-"""Prometheus metrics, fed by the engine's events (SPEC §11).
+"""Prometheus metrics, fed by the engine's events (docs/design.md, "Observability").
 
 `install()` (called once per process by the app config) hooks `on_event` into
 `events.add_listener`, so every process that runs engine code — gunicorn

@@ -1,4 +1,5 @@
-"""A trace id for every request (SPEC §11), bound to every event it causes.
+"""A trace id for every request (docs/design.md, "Observability"), bound to
+every event it causes.
 
 The id comes from the W3C `traceparent` header (its trace-id part), else from
 `X-Request-ID` (visible ASCII, at most 64 characters), else it is generated

@@ -1,4 +1,4 @@
-"""`GET /metrics`: the Prometheus scrape endpoint (SPEC §8, §11).
+"""`GET /metrics`: the Prometheus scrape endpoint (docs/design.md, "Observability").
 
 Open unless PILOT_METRICS_TOKEN is set; then it wants `Authorization: Bearer
 <token>`. Needs no session or database for the event metrics, so it answers

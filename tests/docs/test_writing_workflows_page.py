@@ -1,0 +1,62 @@
+"""docs/writing-workflows.md, "Testing a workflow": the example workflow and its
+tests run as written (so the page cannot rot), on whichever database this run
+uses."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.procs import ROOT
+from workflows.registry import registry
+
+PAGE = ROOT / "docs" / "writing-workflows.md"
+
+
+def example(filename: str) -> str:
+    """The python block of the page that starts with `# <filename>`."""
+    [block] = [b for b in re.findall(r"^```python\n(.*?)^```$", PAGE.read_text(),
+                                     flags=re.S | re.M) if b.startswith(f"# {filename}\n")]
+    return block
+
+
+@pytest.fixture
+def shop_workflow():
+    exec(compile(example("shop/pilot_workflows.py"), "shop/pilot_workflows.py", "exec"), {})
+    yield registry.get("shop.fulfil")
+    registry.unregister("shop.fulfil")
+
+
+def page_tests() -> dict:
+    namespace: dict = {}
+    exec(compile(example("shop/tests/test_fulfil.py"), "shop/tests/test_fulfil.py", "exec"),
+         namespace)
+    return {name: fn for name, fn in namespace.items() if name.startswith("test_")}
+
+
+def test_the_page_has_its_example():
+    assert [s for s in re.findall(r"def (test_\w+)", example("shop/tests/test_fulfil.py"))] == [
+        "test_an_order_is_reserved_then_shipped",
+        "test_a_crash_after_the_reservation_does_not_reserve_twice",
+        "test_an_order_that_cannot_ship_releases_its_reservation",
+        "test_a_bad_payload_is_refused_before_anything_runs",
+    ]
+    assert "from workflows.testing import run_workflow" in example("shop/tests/test_fulfil.py")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", sorted(page_tests()))
+def test_the_pages_tests_pass_as_written(name, shop_workflow):
+    page_tests()[name]()
+
+
+@pytest.mark.django_db
+def test_the_pages_tests_can_fail(shop_workflow):
+    """Against the same workflow with `reserve` made a plain step (no atomic
+    commit to crash after), the page's crash test fails: it tests something."""
+    reserve = shop_workflow.steps[0]
+    shop_workflow.steps[0] = type(reserve)(name=reserve.name, func=reserve.func, atomic=False,
+                                           compensation=reserve.compensation)
+    with pytest.raises(AssertionError):
+        page_tests()["test_a_crash_after_the_reservation_does_not_reserve_twice"]()
