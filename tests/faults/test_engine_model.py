@@ -126,8 +126,12 @@ def _behave(mode):
         raise NonRetryableError("permanent")
 
 
+# Backoffs of an hour: only the `backoff_elapses` rule makes a retry due. With a
+# short one, wall-clock time would decide whether a worker's claim finds the task
+# due, so the same rule sequence could enable different rules on a slower run
+# (hypothesis: FlakyStrategyDefinition) — the model's time is the rules' alone.
 if registry.find(WORKFLOW) is None:
-    _wf = registry.define(WORKFLOW, max_attempts=3, backoff_initial=0.5, backoff_max=0.5)
+    _wf = registry.define(WORKFLOW, max_attempts=3, backoff_initial=3600, backoff_max=3600)
     _wf.add_step("a", _a, atomic=True, compensation=_undo_a)
     _wf.add_step("b", _b, compensation=_undo_b)
     _wf.add_step("c", _c)
