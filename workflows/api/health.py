@@ -26,6 +26,7 @@ the node by IP.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection
@@ -80,8 +81,8 @@ def _broker_error() -> str:
 
     # A URL, or django-q2's dict of Redis() arguments (the broker is the main
     # configuration's, whichever cluster PILOT's is: workflows.cluster).
-    config = settings.Q_CLUSTER["redis"]
-    timeouts = {"socket_connect_timeout": PROBE_TIMEOUT_SECONDS,
+    config: Any = settings.Q_CLUSTER["redis"]
+    timeouts: dict[str, Any] = {"socket_connect_timeout": PROBE_TIMEOUT_SECONDS,
                 "socket_timeout": PROBE_TIMEOUT_SECONDS}
     try:
         key = repr(config)

@@ -3,6 +3,8 @@ function, serialize. Errors are raised and rendered by api.problems."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import Prefetch, prefetch_related_objects
 from django.urls import reverse
 from rest_framework import status
@@ -77,8 +79,8 @@ def _with_deliveries(tasks) -> list:
 def _trigger_response(outcome) -> Response:
     task = outcome.task
     created = outcome.outcome == "created"
-    steps = [] if created else None  # a new task has no steps yet
-    deliveries = [] if created else None  # nor deliveries
+    steps: list[Any] | None = [] if created else None  # a new task has no steps yet
+    deliveries: list[Any] | None = [] if created else None  # nor deliveries
     headers = {"Idempotent-Replayed": "true" if outcome.replayed else "false"}
     if outcome.http_status == status.HTTP_202_ACCEPTED:
         headers["Location"] = reverse("pilot_api:task-detail", kwargs={"task_id": task.pk})

@@ -102,7 +102,7 @@ class WebhookDelivery(models.Model):
         return delivery_message_id(self.task_id, self.task_state, self.restarts)
 
 
-def delivery_message_id(task_id, task_state: str, restarts: int) -> str:
+def delivery_message_id(task_id: object, task_state: str, restarts: int) -> str:
     return f"{task_id}:{task_state}:{restarts}"
 
 
