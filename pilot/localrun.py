@@ -182,7 +182,7 @@ class LocalRun:
 
     @staticmethod
     def say(text: str) -> None:
-        print(text, flush=True)
+        print(text, flush=True)  # noqa: T201 - make run talks to its terminal
 
 
 def _names(children) -> str:

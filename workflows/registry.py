@@ -252,7 +252,7 @@ class Workflow:
     def _refuse(self, problem: str):
         raise ImproperlyConfigured(f"workflow {self.name!r}: {problem}")
 
-    def _validate_options(self) -> None:
+    def _validate_options(self) -> None:  # noqa: C901 - one flat list of checks
         if not isinstance(self.name, str) or not NAME_RE.match(self.name) or len(self.name) > 100:
             raise ImproperlyConfigured(
                 f"workflow name {self.name!r} must be dotted lowercase words (e.g. 'acme.sync'), "

@@ -49,9 +49,8 @@ def _attrs(attrs: dict) -> str:
     for name, value in attrs.items():
         if value is None:
             continue
-        if isinstance(value, float):
-            value = f"{value:.1f}"
-        parts.append(f'{name.rstrip("_").replace("_", "-")}="{escape(str(value))}"')
+        shown = f"{value:.1f}" if isinstance(value, float) else value
+        parts.append(f'{name.rstrip("_").replace("_", "-")}="{escape(str(shown))}"')
     return " ".join(parts)
 
 

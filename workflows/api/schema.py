@@ -195,10 +195,10 @@ def strict_request_bodies(result, generator, request, public):
         if body is not None:
             body["required"] = True
     for name, component in result.get("components", {}).get("schemas", {}).items():
-        if name.startswith("Trigger") or name in (
-                "CancelRequest", "RetryRequest", "BatchRequestDocRequest"):
-            if component.get("type") == "object":
-                component["additionalProperties"] = False
+        if (name.startswith("Trigger") or name in (
+                "CancelRequest", "RetryRequest", "BatchRequestDocRequest")) \
+                and component.get("type") == "object":
+            component["additionalProperties"] = False
     return result
 
 

@@ -62,7 +62,7 @@ class WebhookDelivery(models.Model):
     # The last attempts, oldest first: [{"n", "at", "status", "error", "ms"}].
     attempt_log = models.JSONField(default=list, blank=True)
     # The signed bytes, fixed at the first attempt so every retry sends the same.
-    body = models.TextField(null=True, blank=True)
+    body = models.TextField(null=True, blank=True)  # noqa: DJ001 - NULL: not signed yet
     claim_token = models.PositiveBigIntegerField(default=0)
     claimed_by = models.CharField(max_length=200, blank=True, default="")
     claimed_until = models.DateTimeField(null=True, blank=True)

@@ -104,7 +104,7 @@ examples:
             task = task_wait_finished(task.pk, timeout=timeout)
             report |= {"state": task.state, "result": task.result,
                        "error": task.error or None, "attempts": task.attempts}
-        succeeded = TaskState.SUCCEEDED == task.state
+        succeeded = task.state == TaskState.SUCCEEDED
         if json:
             self.stdout.write(_dumps(report))
         elif wait:
