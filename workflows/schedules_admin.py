@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from workflows.accounts import SCHEDULER_OWNER, scheduler_owner_get
-from workflows.engine.schedule_definitions import (
+from workflows.engine import (
     schedule_delete,
     schedule_save,
     schedule_set_enabled,

@@ -38,7 +38,7 @@ from rest_framework.response import Response
 from workflows.api.base import PilotAPIView, documented
 from workflows.api.problems import problem_response
 from workflows.api.serializers import ProblemSerializer
-from workflows.engine.enqueue import uses_orm_broker
+from workflows.engine import uses_orm_broker
 from workflows.observability.events import emit
 from workflows.shared_cache import cache_probe, describe
 

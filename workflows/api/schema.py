@@ -19,7 +19,7 @@ from workflows.api.serializers import (
     ProblemSerializer,
     TaskSerializer,
 )
-from workflows.engine.triggers import MAX_BATCH
+from workflows.engine import MAX_BATCH
 
 # status -> the codes that status carries
 CODES = {

@@ -31,8 +31,13 @@ from workflows.api.throttling import (
     TriggerRateThrottle,
     trigger_throttle_consume,
 )
-from workflows.engine.operations import task_cancel, task_retry
-from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
+from workflows.engine import (
+    TriggerRequest,
+    task_cancel,
+    task_retry,
+    task_trigger,
+    task_trigger_many,
+)
 from workflows.errors import IdempotencyKeyMismatch, PilotError, ValidationFailed
 from workflows.fingerprint import normalize_key
 from workflows.models import StepCheckpoint
