@@ -18,7 +18,7 @@ def test_delays_are_full_jitter_under_a_doubling_capped_ceiling():
     rng = random.Random(7)
     for retry, ceiling in enumerate([0.5, 1.0, 2.0, 4.0, 4.0, 4.0]):
         delays = [policy.delay(retry, rng=rng) for _ in range(400)]
-        assert min(delays) >= 0 and max(delays) <= ceiling
+        assert 0 <= min(delays) and max(delays) <= ceiling
         assert max(delays) > 0.9 * ceiling and min(delays) < 0.1 * ceiling  # spread out
 
 

@@ -97,7 +97,7 @@ def test_the_dashboard_is_a_well_formed_grafana_dashboard():
         assert panel["datasource"]["uid"] == "${datasource}"
         assert panel["targets"] and all(t["expr"] for t in panel["targets"])
         g = panel["gridPos"]
-        assert g["x"] >= 0 and g["x"] + g["w"] <= 24
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24
         mine = {(x, y) for x in range(g["x"], g["x"] + g["w"])
                 for y in range(g["y"], g["y"] + g["h"])}
         assert not cells & mine, f"panel {panel['id']} overlaps another"
