@@ -95,6 +95,11 @@ test-main: $(VENV)/.installed-dev chromium
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
+	env -u DATABASE_URL DJANGO_DEBUG=true $(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+## (lint: ruff, mypy -- strict on workflows/engine and workflows/models -- and the
+## layers contract, lint-imports; all configured in pyproject.toml. mypy's Django
+## plugin imports the settings: DJANGO_DEBUG=true stands in for a secret key.)
 
 check: $(VENV)/.installed-dev
 	env -u DATABASE_URL DJANGO_SECRET_KEY=check-only-secret-key-0123456789abcdef \

@@ -327,9 +327,11 @@ def main() -> None:
     load_start = os.getloadavg()
     bench = Bench(plan)
     if only == "metrics":
-        return only_metrics(bench, load_start)
+        only_metrics(bench, load_start)
+        return
     if only:
-        return only_embedded(bench, load_start)
+        only_embedded(bench, load_start)
+        return
     bench.run()
     results = bench.results
     results["failures"] = bench.failures

@@ -174,10 +174,10 @@ LAG_P99_MS = {"redis": 25, "orm": 100}  # paced, PILOT (issue 16)
 def lag_section(r: dict, goals: list[Goal]) -> list[Section]:
     rows = []
     paced = [item for item in r.get("paced") or [] if item]
-    for item in paced:
-        rows.append([LABELS[item["system"]], BROKERS[item["broker"]],
-                     f"paced, {number(item['paced'])} triggers/s",
-                     number(item["lag_p50_ms"], 1), number(item["lag_p99_ms"], 1)])
+    rows.extend([LABELS[item["system"]], BROKERS[item["broker"]],
+                 f"paced, {number(item['paced'])} triggers/s",
+                 number(item["lag_p50_ms"], 1), number(item["lag_p99_ms"], 1)]
+                for item in paced)
     for broker, target in LAG_P99_MS.items():
         value = next((i["lag_p99_ms"] for i in paced
                       if i["system"] == "pilot" and i["broker"] == broker), None)
@@ -295,8 +295,7 @@ def admin_section(r: dict, goals: list[Goal]) -> list[Section]:
     a = r.get("admin_pages")
     budgeted = ("task list (newest first)", "task page (50 steps, 150 transitions)", "dashboard")
     if not a:
-        for name in budgeted:
-            goals.append(Goal(f"console: {name}", MISSING, "≤ 300 ms", None))
+        goals.extend(Goal(f"console: {name}", MISSING, "≤ 300 ms", None) for name in budgeted)
         return [Section("8. Operator console pages", ["—"], [["the workload failed"]])]
     pages = a["pages"]
     base = pages["baseline: Django's admin list of users"]["median_ms"]

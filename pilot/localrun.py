@@ -33,6 +33,10 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workflows.processes import ParentWatch
 
 ROOT = Path(__file__).resolve().parent.parent
 POLL = 0.2
@@ -53,7 +57,7 @@ class LocalRun:
         self.stopping = False
         self.hurry = False
         self.metrics_dir: str | None = None
-        self.watch = None  # processes.ParentWatch on the make running us, if any
+        self.watch: ParentWatch | None = None  # on the make running us, if any
 
     # --- signals ---------------------------------------------------------------------
 
@@ -178,7 +182,7 @@ class LocalRun:
 
     @staticmethod
     def say(text: str) -> None:
-        print(text, flush=True)
+        print(text, flush=True)  # noqa: T201 - make run talks to its terminal
 
 
 def _names(children) -> str:

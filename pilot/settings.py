@@ -117,7 +117,7 @@ ASGI_APPLICATION = "pilot.asgi.application"
 
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}")
 try:
-    _db = dj_database_url.parse(DATABASE_URL)
+    _db = dj_database_url.parse(DATABASE_URL)  # type: ignore[arg-type]  # it has a default
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
 
@@ -280,7 +280,7 @@ PILOT_TRIGGER_RATE = env_str("PILOT_TRIGGER_RATE", "6000/min")
 PILOT_ACTION_RATE = env_str("PILOT_ACTION_RATE", "600/min")
 for _name, _rate in (("PILOT_TRIGGER_RATE", PILOT_TRIGGER_RATE),
                      ("PILOT_ACTION_RATE", PILOT_ACTION_RATE)):
-    if not re.fullmatch(r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)", _rate):
+    if not re.fullmatch(r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)", _rate):  # type: ignore[arg-type]  # noqa: E501 - defaults
         raise ImproperlyConfigured(f"{_name}={_rate!r} must look like 6000/min (s, min, hour, day)")
 # Longest a single django-q2 delivery may run before its worker is killed; the
 # lease and checkpoints make the kill safe, the next attempt resumes.

@@ -117,9 +117,8 @@ def api_client_scope(user) -> list[str]:
     if user.has_perm("workflows.view_all_tasks"):
         lines.append("read EVERY client's tasks, payloads and results "
                      "(workflows.view_all_tasks)")
-        for action in ("cancel", "retry"):
-            if user.has_perm(f"workflows.{action}_task"):
-                lines.append(f"{action} every client's tasks (workflows.{action}_task)")
+        lines.extend(f"{action} every client's tasks (workflows.{action}_task)"
+                     for action in ("cancel", "retry") if user.has_perm(f"workflows.{action}_task"))
     if user.is_staff:
         lines.append("(the account is staff: with its password it also logs into the admin)")
     return lines

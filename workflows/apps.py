@@ -18,7 +18,7 @@ class WorkflowsConfig(AppConfig):
             schedules_admin,
             webhooks_admin,
         )
-        from workflows.engine.schedule_definitions import schedules_sync_after_migrate
+        from workflows.engine import schedules_sync_after_migrate
         from workflows.observability import metrics
         from workflows.registry import autodiscover
 

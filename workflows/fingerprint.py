@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
+from typing import Any
 
 from workflows.errors import IdempotencyKeyInvalid, ValidationFailed
 
@@ -114,6 +116,7 @@ def payload_depth(value, limit: int = MAX_PAYLOAD_DEPTH) -> int:
     the stack); stops counting past `limit`."""
     deepest = 0
     stack = [(value, 1)]
+    children: Iterable[Any]
     while stack:
         node, depth = stack.pop()
         if isinstance(node, dict):

@@ -257,7 +257,7 @@ def password_check_failure_record(user, *, now: float | None = None) -> float:
     locked = _remaining(entry, now)
     if locked:
         emit("password_check_locked_out", username=user.get_username(),
-             failures=entry["failures"], seconds=round(locked))
+             failures=entry["failures"], seconds=round(locked))  # type: ignore[index]  # locked: counted
     return locked
 
 
@@ -275,7 +275,7 @@ class LockoutBackend(BaseBackend):
 
     def authenticate(self, request, username=None, password=None, **kwargs):
         if username is None:
-            return None
+            return
         ip = client_ip(request)
         device = device_for(request, username)
         try:
@@ -288,7 +288,7 @@ class LockoutBackend(BaseBackend):
             emit("login_refused_locked_out", username=username, client_ip=ip,
                  known_device=device is not None)
             _refuse(request, REFUSED_LOCKED, remaining)
-        return None
+        return
 
     def get_user(self, user_id):
         # A session whose backend is this one (Django's login() without a

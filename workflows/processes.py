@@ -34,7 +34,7 @@ try:
     _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
     _prctl = _libc.prctl
 except (OSError, AttributeError):  # not Linux: children just outlive a killed parent
-    _prctl = None
+    _prctl = None  # type: ignore[assignment]
 
 
 def _die_with(parent: int):
@@ -97,7 +97,7 @@ class Child:
         would, and reap the child."""
         for pgid in {self.popen.pid, *(_pgid(pid) for pid in descendants(self.popen.pid))}:
             with contextlib.suppress(ProcessLookupError, PermissionError, TypeError):
-                os.killpg(pgid, signal.SIGKILL)
+                os.killpg(pgid, signal.SIGKILL)  # type: ignore[arg-type]  # None: TypeError, suppressed
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(5)
 

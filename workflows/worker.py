@@ -3,9 +3,7 @@
 from django.db import close_old_connections
 
 from workflows.conf import pilot_settings
-from workflows.engine import faults
-from workflows.engine.deliveries import delivery_send
-from workflows.engine.runner import task_run
+from workflows.engine import delivery_send, faults, task_run
 
 
 def run_task(task_id: str) -> str:

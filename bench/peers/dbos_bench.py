@@ -151,9 +151,11 @@ def migrate() -> None:
 
 def main() -> None:
     if sys.argv[1:2] == ["worker"]:
-        return worker(int(sys.argv[2]))
+        worker(int(sys.argv[2]))
+        return
     if sys.argv[1:2] == ["migrate"]:
-        return migrate()
+        migrate()
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=2)

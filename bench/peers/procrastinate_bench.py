@@ -133,7 +133,8 @@ def _wait(prefix: str, n: int, procs: dict, timeout: float) -> float:
 
 def main() -> None:
     if sys.argv[1:2] == ["worker"]:
-        return worker()
+        worker()
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=2)

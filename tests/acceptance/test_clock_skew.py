@@ -6,6 +6,7 @@ within the dispatcher's poll interval of being due, and a dead worker's lease
 is recovered when it expires — by the database's clock, which is the only one
 that decides."""
 
+import itertools
 import uuid
 
 import pytest
@@ -48,7 +49,7 @@ def test_retries_run_on_time_though_the_worker_and_dispatcher_clocks_disagree(ow
     lateness = []
     for task_id in ids:
         history = _history(task_id)
-        for scheduled, claimed in zip(history, history[1:], strict=False):
+        for scheduled, claimed in itertools.pairwise(history):
             if scheduled.transition == "schedule_retry":
                 assert claimed.transition == "claim"
                 due = scheduled.at + _delay(scheduled.reason)

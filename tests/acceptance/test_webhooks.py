@@ -49,7 +49,7 @@ def test_one_accepted_delivery_per_terminal_state_across_a_worker_sigkill(owner,
     with Receiver(script) as receiver:
         fleet.dispatcher()
         workers = fleet.workers()
-        trigger = dict(owner=owner, callback_url=receiver.url)
+        trigger = {"owner": owner, "callback_url": receiver.url}
         echo = task_trigger(key="echo", workflow="demo.echo", payload={"n": 1}, **trigger).task
         flaky = task_trigger(key="flaky", workflow="demo.flaky", payload={"fail_times": 5},
                              **trigger).task

@@ -57,7 +57,7 @@ def test_the_task_page_action_applies_only_where_legal_and_audits(action, state,
                                     {"confirmed": "yes", "reason": "operator says so"},
                                     follow=True)
     assert response.redirect_chain[0][0] == task_url(task)
-    message = [str(m) for m in response.context["messages"]][0]
+    message = next(str(m) for m in response.context["messages"])
     task.refresh_from_db()
     if legal:
         assert task.state == AFTER[action][state]

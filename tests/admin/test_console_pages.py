@@ -48,8 +48,8 @@ def test_the_list_shows_the_running_step_and_the_failed_error_with_times_on_hove
     for column in ("state_badge", "workflow_link", "key_short", "age", "duration",
                    "step_or_error"):
         assert f"column-{column}" in html
-    rows = {key: row for key, row in re.findall(
-        r'<span title="([\w-]+)">[\w-]+</span>(.*?)</tr>', html, re.S)}
+    rows = dict(re.findall(
+        r'<span title="([\w-]+)">[\w-]+</span>(.*?)</tr>', html, re.S))
     assert '<span class="pilot-step-now">▶ crunch</span>' in rows["runs"]
     assert 'class="pilot-error-head" title="boom">boom</span>' in rows["broke"]
     # The head of the error, cut with an ellipsis; never the whole 500 characters.

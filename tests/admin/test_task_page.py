@@ -33,7 +33,7 @@ def section_order(html: str, *markers: str) -> list[int]:
 
 def step_rows(html: str) -> list[tuple[str, str]]:
     """(name, shown state) of each row of the steps table."""
-    table = html.split('id="pilot-steps"')[1].split("</table>")[0]
+    table = html.split('id="pilot-steps"')[1].split("</table>", maxsplit=1)[0]
     return re.findall(r'data-step="(\w+)" data-step-state="(\w+)"', table)
 
 

@@ -43,7 +43,7 @@ def test_a_retried_run_shows_each_attempt_each_backoff_and_each_wait(owner):
     for retry in retries:
         delay = retry_delay(retry.reason).total_seconds()
         assert f"<title>backoff (schedule_retry by {retry.actor}) {seconds_text(delay)}" in svg
-    assert [p for s, p in drawn if s == "retrying"][0] == "backoff"
+    assert next(p for s, p in drawn if s == "retrying") == "backoff"
     assert svg.count("(claim by worker:") == 3
     assert re.findall(r'data-step="(\w+)"', svg) == ["attempt"]
     assert "attempt: succeeded, 3 attempt(s)" in svg

@@ -72,7 +72,7 @@ impossible_dates = st.builds("{:04d}-{:02d}-{:02d}T{:02d}:{:02d}:00Z".format,
                              st.integers(0, 30), st.integers(0, 70))
 query_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
 filter_values = st.one_of(iso_datetimes, impossible_dates, query_text,
-                          st.sampled_from(TaskState.values + ["", ",", "pending,bogus"]))
+                          st.sampled_from([*TaskState.values, "", ",", "pending,bogus"]))
 query_names = st.one_of(st.sampled_from(LIST_FILTERS + LIST_CONTROLS), query_text)
 
 

@@ -24,7 +24,7 @@ def server_codes() -> set[str]:
 
 def test_every_code_of_the_api_has_its_own_exception_class():
     assert server_codes() - set(ERRORS_BY_CODE) == set()
-    assert len({cls for cls in ERRORS_BY_CODE.values()}) == len(ERRORS_BY_CODE)
+    assert len(set(ERRORS_BY_CODE.values())) == len(ERRORS_BY_CODE)
     for code, cls in ERRORS_BY_CODE.items():
         assert cls.code == code and issubclass(cls, PilotAPIError)
         assert getattr(pilot_client, cls.__name__) is cls  # exported

@@ -152,7 +152,7 @@ def test_two_cleanups_at_once_share_the_work_and_delete_each_task_once(owner):
 
 @pytest.mark.postgres
 def test_cleanup_skips_a_row_that_another_transaction_holds_instead_of_waiting(owner):
-    held, *others = make_finished_tasks(owner, 4)
+    held, *_others = make_finished_tasks(owner, 4)
     locked, release = threading.Event(), threading.Event()
 
     def hold():

@@ -88,7 +88,7 @@ def test_a_schedule_is_paused_and_resumed():
 
 def test_delete_removes_the_schedule_but_refuses_a_workflow_mismatch():
     create()
-    with pytest.raises(CommandError, match="triggers demo.echo, not demo.slow; nothing deleted"):
+    with pytest.raises(CommandError, match=r"triggers demo\.echo, not demo\.slow; nothing deleted"):
         run("demo.slow", "--name", "nightly", "--delete")
     assert run("demo.echo", "--name", "nightly", "--delete").startswith("deleted: schedule")
     assert PilotSchedule.objects.count() == 0

@@ -99,6 +99,6 @@ def test_wait_prints_the_final_state_and_result_of_a_finished_task():
 
 
 def test_wait_exits_3_when_the_timeout_passes_first():
-    with pytest.raises(CommandError, match="is still pending after 0.3s") as err:
+    with pytest.raises(CommandError, match=r"is still pending after 0\.3s") as err:
         trigger("demo.echo", "--key", "t", "--wait", "--timeout", "0.3")
     assert err.value.returncode == 3

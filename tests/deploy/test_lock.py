@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def pins(path: Path) -> dict[str, str]:
     found = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
         match = re.match(r"^([A-Za-z0-9_.\-]+)(\[[^\]]*\])?==([^\s\\;]+)", line)
         if match:
             found[re.sub(r"[-_.]+", "-", match.group(1)).lower()] = match.group(3)

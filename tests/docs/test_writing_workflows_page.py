@@ -36,7 +36,7 @@ def page_tests() -> dict:
 
 
 def test_the_page_has_its_example():
-    assert [s for s in re.findall(r"def (test_\w+)", example("shop/tests/test_fulfil.py"))] == [
+    assert re.findall(r"def (test_\w+)", example("shop/tests/test_fulfil.py")) == [
         "test_an_order_is_reserved_then_shipped",
         "test_a_crash_after_the_reservation_does_not_reserve_twice",
         "test_an_order_that_cannot_ship_releases_its_reservation",

@@ -83,13 +83,13 @@ def test_crash_after_a_checkpoint_resumes_at_the_next_step(sync):
 
 
 def test_crash_right_after_the_claim_is_recovered(sync):
-    task, batch = sync()
+    task, _batch = sync()
     task = crash_once("after_claim", task)
     assert (task.state, task.attempts) == (S.RUNNING, 1)
     task = recover_and_finish(task)
     assert (task.state, task.attempts) == (S.SUCCEEDED, 2)
-    assert [t for t in TaskTransition.objects.filter(task_id=task.pk).order_by("id")
-            .values_list("transition", flat=True)] == ["claim", "recover", "claim", "succeed"]
+    assert list(TaskTransition.objects.filter(task_id=task.pk).order_by("id")
+                .values_list("transition", flat=True)) == ["claim", "recover", "claim", "succeed"]
 
 
 def test_crash_during_lease_renewal_loses_only_the_renewal(owner):

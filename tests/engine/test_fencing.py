@@ -75,7 +75,7 @@ FORWARD_WRITES = {
     "compensate": lambda c: _transition(c, "compensate", error="e", error_type="E",
                                         worker="w", now=_at(c.task),
                                         lease=timedelta(seconds=60)),
-    "resume_after_cancel": lambda c: _resume_or_refuse(c),
+    "resume_after_cancel": lambda c: _resume_or_refuse(c),  # noqa: PLW0108 - defined below
 }
 
 
@@ -339,7 +339,7 @@ def test_a_claim_waiting_on_a_cancel_and_retry_from_start_runs_from_the_start(
                                                                     worker="w2")),
                                               connections.close_all()))
     worker.start()
-    wait_for(lambda: _waiting_on_a_lock(), what="the claim to wait on the row lock")
+    wait_for(_waiting_on_a_lock, what="the claim to wait on the row lock")
     release.set()
     op.join(30)
     worker.join(30)

@@ -200,7 +200,7 @@ def test_a_retry_resumes_from_checkpoints_and_reuses_outputs(start, counted):
 
 
 def test_non_retryable_and_unexpected_errors_fail_at_once(start, counted):
-    calls, behaviour = counted
+    _calls, behaviour = counted
     for exc, error_type in ((NonRetryableError("no"), "NonRetryableError"),
                             (KeyError("bug"), "KeyError")):
         behaviour["b"] = exc

@@ -287,7 +287,7 @@ def test_malformed_batches_are_refused(owner):
 
 def test_a_thousand_item_batch_takes_a_bounded_number_of_queries(
         owner, django_assert_max_num_queries, django_capture_on_commit_callbacks):
-    for i in range(0, 100):
+    for i in range(100):
         make_task(owner, state=S.RUNNING, key=f"k{i}", payload=ECHO)
     requests = [TriggerRequest("demo.echo", ECHO, f"k{i}") for i in range(900)]
     requests += [TriggerRequest("demo.echo", ECHO, f"k{i}") for i in range(50)]   # repeats

@@ -63,8 +63,8 @@ def test_run_workers_stops_within_its_bound_when_every_cluster_process_got_sigte
         log = log_path.read_text()
         # Either the cluster hung (most of the time: ended at the bound) or it
         # managed to exit by itself first; never a wait beyond the bound.
-        assert ("SIGTERM: stopping the workers; waiting for" in log
-                and f"workers had not stopped after {GRACE} s: ended them (SIGKILL)" in log
+        assert (("SIGTERM: stopping the workers; waiting for" in log
+                and f"workers had not stopped after {GRACE} s: ended them (SIGKILL)" in log)
                 or "qcluster exited by itself" in log), log
     finally:
         for pid in still_running(tree):

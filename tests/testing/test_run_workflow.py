@@ -32,7 +32,7 @@ def test_a_run_ends_succeeded_with_its_result_and_every_checkpoint():
     assert (task.state, task.result, task.attempts) == (S.SUCCEEDED, {"written": 7}, 1)
     assert steps(task) == [("fetch", "succeeded", 1), ("transform", "succeeded", 1),
                            ("write", "succeeded", 1)]
-    assert [s.output for s in task.steps.all()][0] == {"fetched": 7}
+    assert next(s.output for s in task.steps.all()) == {"fetched": 7}
     assert DemoOrder.objects.filter(batch="b-1").count() == 7
     assert task.owner.username == DEFAULT_OWNER
 

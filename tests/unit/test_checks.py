@@ -51,7 +51,7 @@ def test_check_with_the_database_reports_a_misconfigured_cache_as_an_error():
         assert [e.id for e in pilot_cache_reachable(None, databases=["default"])] == \
             ["pilot.E011"]
         assert pilot_cache_reachable(None, databases=None) == []  # plain `check`: no I/O
-        with pytest.raises(SystemCheckError, match="pilot.E011"):
+        with pytest.raises(SystemCheckError, match=r"pilot\.E011"):
             call_command("check", "--database", "default")
     with override_settings(CACHES=DEAD_REDIS):
         assert [e.id for e in pilot_cache_reachable(None, databases=["default"])] == \

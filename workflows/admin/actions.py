@@ -18,8 +18,14 @@ from collections import defaultdict
 
 from django_fsm import has_transition_perm
 
-from workflows.engine.operations import task_cancel, task_retry, transition_permission
-from workflows.engine.plans import cancel_plan, owed_compensations, retry_plan
+from workflows.engine import (
+    cancel_plan,
+    owed_compensations,
+    retry_plan,
+    task_cancel,
+    task_retry,
+    transition_permission,
+)
 from workflows.errors import PilotError
 from workflows.models import StepCheckpoint, Task
 

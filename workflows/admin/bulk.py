@@ -48,7 +48,7 @@ APPLICABLE = {
     "cancel": (TaskState.PENDING, TaskState.RETRYING, TaskState.RUNNING),
     "retry": (TaskState.FAILED, TaskState.CANCELLED),
 }
-OUTCOMES = {
+OUTCOMES: dict[tuple[str, str], str] = {
     ("cancel", TaskState.RUNNING): "→ cancelling: its worker stops at the next heartbeat or "
                                    "step boundary, compensates, then it is cancelled",
     ("cancel", TaskState.PENDING): "→ cancelled at once (→ cancelling first where finished "
@@ -153,7 +153,7 @@ def job_load(token: str, user) -> Job:
     if data.get("u") != user.pk or data.get("a") not in ACTIONS:
         raise PermissionDenied("This bulk job was started by another user")
     return Job(ACTIONS[data["a"]], QueryDict(data["f"]), data["r"],
-               parse_datetime(data["c"]), data["u"], data["n"])
+               parse_datetime(data["c"]), data["u"], data["n"])  # type: ignore[arg-type]  # signed by us
 
 
 def job_scope(model_admin, request, job: Job):
@@ -171,7 +171,7 @@ def _parse_cursor(cursor: str):
     try:
         moment = parse_datetime(at)
         if moment is None or moment.utcoffset() is None or \
-                abs(moment.utcoffset()) > MAX_OFFSET:
+                abs(moment.utcoffset()) > MAX_OFFSET:  # type: ignore[arg-type]  # tested above
             return None
         return moment.astimezone(UTC), uuid.UUID(pk)
     except (ValueError, OverflowError):

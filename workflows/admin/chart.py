@@ -65,7 +65,7 @@ def activity_chart(buckets: list) -> SafeString:
                 svg.raw(f'<circle cx="{x_of(i):.1f}" cy="{y_of(value):.1f}" r="2.5" '
                         f'fill="{colour}"><title>{escape(legend)} '
                         f'{bucket.start:%H:00}: {value}</title></circle>')
-    x = LEFT
+    x: float = LEFT
     for _name, legend, colour in SERIES:
         svg.rect(x, HEIGHT - 18, 12, 4, fill=colour)
         svg.text(x + 16, HEIGHT - 13, legend)

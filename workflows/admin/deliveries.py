@@ -22,7 +22,7 @@ from django.utils.dateparse import parse_datetime
 
 from workflows.admin.audit import action_message, console_action_log
 from workflows.admin.forms import ReasonForm
-from workflows.engine.deliveries import LOG_ENTRIES, RESEND_PERMISSION, delivery_resend
+from workflows.engine import LOG_ENTRIES, RESEND_PERMISSION, delivery_resend
 from workflows.errors import PilotError
 from workflows.models import WebhookDelivery
 

@@ -20,7 +20,7 @@ from workflows.states import TaskState as S
 WIDTH, HEIGHT = 700, 520
 NODE_W, NODE_H = 110, 34
 
-POSITIONS = {
+POSITIONS: dict[str, tuple[int, int]] = {
     S.PENDING: (100, 190),
     S.RUNNING: (330, 190),
     S.SUCCEEDED: (580, 70),
@@ -34,7 +34,7 @@ POSITIONS = {
 # How far each edge's curve bows (px, to the left of its direction as drawn on
 # screen; negative: to the right): opposite edges between two states separate, long edges go
 # around the nodes in between.
-BENDS = {
+BENDS: dict[tuple[str, str], int] = {
     (S.RUNNING, S.RETRYING): -34,
     (S.RETRYING, S.RUNNING): -34,
     (S.PENDING, S.CANCELLED): -30,
@@ -44,7 +44,7 @@ BENDS = {
 }
 
 # Where along its curve (0..1) an edge's label sits, when the middle is crowded.
-LABEL_AT = {(S.PENDING, S.CANCELLING): 0.75}
+LABEL_AT: dict[tuple[str, str], float] = {(S.PENDING, S.CANCELLING): 0.75}
 
 def state_edges() -> dict[tuple[str, str], dict]:
     """{(source, target): {"names": [...], "permission": str | None}} from Task's FSM.
@@ -77,7 +77,7 @@ def state_diagram() -> SafeString:
     svg.raw('<defs><marker id="pilot-arrow" viewBox="0 0 10 10" refX="9" refY="5" '
             'markerWidth="7" markerHeight="7" orient="auto-start-reverse">'
             '<path d="M0,0 L10,5 L0,10 z" class="pilot-edge-head"/></marker></defs>')
-    labels = []
+    labels: list[tuple[float, float, str, str]] = []
     for (source, target), edge in sorted(state_edges().items()):
         (x0, y0), (x1, y1) = POSITIONS[source], POSITIONS[target]
         if source == target:  # resume / defer: the state stays, the token moves on

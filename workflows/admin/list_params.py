@@ -86,7 +86,7 @@ CHECKS = {
     "created_at__year": _int_in(1, 9998),
     "created_at__month": _int_in(1, 12),
     "created_at__day": _int_in(1, 31),
-    **{flag: _anything for flag in FLAGS},
+    **dict.fromkeys(FLAGS, _anything),
 }
 NAMES = frozenset(CHECKS)
 

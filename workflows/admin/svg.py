@@ -17,7 +17,7 @@ from django.utils.safestring import SafeString, mark_safe
 from workflows.states import StepState, TaskState
 
 # One palette for badges, timeline and diagram, so a colour means one state everywhere.
-STATE_COLORS = {
+STATE_COLORS: dict[str, str] = {
     TaskState.PENDING: "#6b7280",
     TaskState.RUNNING: "#2563eb",
     TaskState.RETRYING: "#d97706",
@@ -27,7 +27,7 @@ STATE_COLORS = {
     TaskState.FAILED: "#dc2626",
     TaskState.CANCELLED: "#475569",
 }
-STEP_COLORS = {
+STEP_COLORS: dict[str, str] = {
     StepState.PENDING: "#9ca3af",
     StepState.RUNNING: "#2563eb",
     StepState.SUCCEEDED: "#16a34a",
@@ -49,9 +49,8 @@ def _attrs(attrs: dict) -> str:
     for name, value in attrs.items():
         if value is None:
             continue
-        if isinstance(value, float):
-            value = f"{value:.1f}"
-        parts.append(f'{name.rstrip("_").replace("_", "-")}="{escape(str(value))}"')
+        shown = f"{value:.1f}" if isinstance(value, float) else value
+        parts.append(f'{name.rstrip("_").replace("_", "-")}="{escape(str(shown))}"')
     return " ".join(parts)
 
 

@@ -64,7 +64,7 @@ def task_timeline(task, phases: list, steps: list, *, now: datetime) -> SafeStri
             svg.text(LABEL_W + 4, y + 13, label, tone="muted", data_step=step.name)
             continue
         x0 = x_of(step.started_at)
-        width = max(x_of(step_end) - x0, 2.0)
+        width = max(x_of(step_end) - x0, 2.0)  # type: ignore[arg-type]  # started: it has an end
         svg.rect(x0, y, width, LANE_H, fill=STEP_COLORS.get(step.state, "#9ca3af"), rx=2,
                  data_step=step.name, data_step_state=step.state,
                  title=f"{step.name}: {step.label}, {step.attempts} attempt(s), "

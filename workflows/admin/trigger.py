@@ -14,7 +14,7 @@ from django.utils.html import format_html
 from workflows.admin.audit import console_action_log
 from workflows.admin.forms import TriggerForm
 from workflows.admin.schema import payload_example
-from workflows.engine.triggers import CREATED, REPLAYED, task_trigger
+from workflows.engine import CREATED, REPLAYED, task_trigger
 from workflows.errors import PilotError
 from workflows.registry import registry
 from workflows.states import Source

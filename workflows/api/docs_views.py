@@ -126,7 +126,7 @@ class SchemaView(_FollowsApiAuth, SpectacularAPIView):
 
 
 class DocsView(_FollowsApiAuth, SpectacularSwaggerView):
-    title = SPECTACULAR["TITLE"]
+    title = SPECTACULAR["TITLE"]  # type: ignore[assignment]  # a str
 
     @documented(exclude=True)
     def get(self, request, *args, **kwargs):

@@ -26,6 +26,7 @@ the node by IP.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection
@@ -37,7 +38,7 @@ from rest_framework.response import Response
 from workflows.api.base import PilotAPIView, documented
 from workflows.api.problems import problem_response
 from workflows.api.serializers import ProblemSerializer
-from workflows.engine.enqueue import uses_orm_broker
+from workflows.engine import uses_orm_broker
 from workflows.observability.events import emit
 from workflows.shared_cache import cache_probe, describe
 
@@ -80,8 +81,8 @@ def _broker_error() -> str:
 
     # A URL, or django-q2's dict of Redis() arguments (the broker is the main
     # configuration's, whichever cluster PILOT's is: workflows.cluster).
-    config = settings.Q_CLUSTER["redis"]
-    timeouts = {"socket_connect_timeout": PROBE_TIMEOUT_SECONDS,
+    config: Any = settings.Q_CLUSTER["redis"]
+    timeouts: dict[str, Any] = {"socket_connect_timeout": PROBE_TIMEOUT_SECONDS,
                 "socket_timeout": PROBE_TIMEOUT_SECONDS}
     try:
         key = repr(config)

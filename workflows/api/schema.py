@@ -19,7 +19,7 @@ from workflows.api.serializers import (
     ProblemSerializer,
     TaskSerializer,
 )
-from workflows.engine.triggers import MAX_BATCH
+from workflows.engine import MAX_BATCH
 
 # status -> the codes that status carries
 CODES = {
@@ -195,10 +195,10 @@ def strict_request_bodies(result, generator, request, public):
         if body is not None:
             body["required"] = True
     for name, component in result.get("components", {}).get("schemas", {}).items():
-        if name.startswith("Trigger") or name in (
-                "CancelRequest", "RetryRequest", "BatchRequestDocRequest"):
-            if component.get("type") == "object":
-                component["additionalProperties"] = False
+        if (name.startswith("Trigger") or name in (
+                "CancelRequest", "RetryRequest", "BatchRequestDocRequest")) \
+                and component.get("type") == "object":
+            component["additionalProperties"] = False
     return result
 
 

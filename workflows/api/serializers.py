@@ -13,7 +13,7 @@ import json
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from workflows.engine.triggers import MAX_BATCH
+from workflows.engine import MAX_BATCH
 from workflows.models import DeliveryState, StepCheckpoint, Task
 from workflows.representation import delivery_data, task_deliveries
 from workflows.states import TaskState

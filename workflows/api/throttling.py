@@ -94,10 +94,7 @@ def _consume(prefix: str, cost: int, limit: int, period: int) -> float | None:
     try:
         used = cache.incr(key, cost)
     except ValueError:  # first request of the window
-        if cache.add(key, cost, timeout=period + 1):
-            used = cost
-        else:
-            used = cache.incr(key, cost)
+        used = cost if cache.add(key, cost, timeout=period + 1) else cache.incr(key, cost)
     if used > limit:
         cache.decr(key, cost)  # a refused request does not use up the allowance
         return max(1.0, (window + 1) * period - now)

@@ -3,6 +3,8 @@ function, serialize. Errors are raised and rendered by api.problems."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import Prefetch, prefetch_related_objects
 from django.urls import reverse
 from rest_framework import status
@@ -29,8 +31,13 @@ from workflows.api.throttling import (
     TriggerRateThrottle,
     trigger_throttle_consume,
 )
-from workflows.engine.operations import task_cancel, task_retry
-from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
+from workflows.engine import (
+    TriggerRequest,
+    task_cancel,
+    task_retry,
+    task_trigger,
+    task_trigger_many,
+)
 from workflows.errors import IdempotencyKeyMismatch, PilotError, ValidationFailed
 from workflows.fingerprint import normalize_key
 from workflows.models import StepCheckpoint
@@ -77,8 +84,8 @@ def _with_deliveries(tasks) -> list:
 def _trigger_response(outcome) -> Response:
     task = outcome.task
     created = outcome.outcome == "created"
-    steps = [] if created else None  # a new task has no steps yet
-    deliveries = [] if created else None  # nor deliveries
+    steps: list[Any] | None = [] if created else None  # a new task has no steps yet
+    deliveries: list[Any] | None = [] if created else None  # nor deliveries
     headers = {"Idempotent-Replayed": "true" if outcome.replayed else "false"}
     if outcome.http_status == status.HTTP_202_ACCEPTED:
         headers["Location"] = reverse("pilot_api:task-detail", kwargs={"task_id": task.pk})

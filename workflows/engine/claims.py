@@ -14,16 +14,18 @@ goes to the claiming worker under a new token.
 
 from __future__ import annotations
 
+from typing import Any
+
 from workflows.engine.leases import lease_length
 from workflows.engine.store import Claimed, store
 
 
-def task_claim(*, task_id, worker: str) -> Claimed | None:
+def task_claim(*, task_id: Any, worker: str) -> Claimed | None:
     """Claim `task_id` for its steps, or None (missing, running, finished, a retry
     not yet due, no attempt left, or another claim won)."""
     return store().claim(task_id, worker=worker, lease=lease_length())
 
 
-def task_resume(*, task_id, worker: str) -> Claimed | None:
+def task_resume(*, task_id: Any, worker: str) -> Claimed | None:
     """Take a compensating or cancelling task's compensations over, or None."""
     return store().resume(task_id, worker=worker, lease=lease_length())

@@ -36,8 +36,10 @@ import dataclasses
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 from django_q.models import Task as QResult
 
@@ -50,7 +52,7 @@ DEFAULT_BATCH = 1000
 MAX_BATCH = 10000
 
 
-def tasks_delete(task_ids: list) -> int:
+def tasks_delete(task_ids: list[Any]) -> int:
     """Delete the tasks and everything hanging off them, children first, in the
     caller's transaction. Returns the number of tasks deleted. The caller
     decides which ids are safe to delete (finished ones, under a lock)."""
@@ -72,7 +74,7 @@ class CleanupReport:
     q_results: int = 0
     seconds: float = 0.0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -85,12 +87,13 @@ class _Horizon:
     cutoff: datetime | None
     workflow: str | None
 
-    def queryset(self):
+    def queryset(self) -> QuerySet[Task]:
         qs = (Task.objects.expired(self.now) if self.cutoff is None
               else Task.objects.finished_before(self.cutoff))
         return qs.filter(workflow=self.workflow) if self.workflow else qs
 
-    def holds(self, state: str, expires_at, finished_at) -> bool:
+    def holds(self, state: str, expires_at: datetime | None,
+              finished_at: datetime | None) -> bool:
         if state not in FINISHED_STATES:
             return False
         if self.cutoff is None:

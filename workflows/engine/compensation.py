@@ -27,8 +27,9 @@ compensation never runs again.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from workflows.backoff import backoff_delay
 from workflows.engine import faults
@@ -39,10 +40,15 @@ from workflows.models import StepCheckpoint
 from workflows.observability import tracing
 from workflows.states import TO_COMPENSATE, StepState, TaskState
 
+if TYPE_CHECKING:
+    from workflows.engine.context import StepContext
+    from workflows.engine.runner import Run
+    from workflows.registry import Step
+
 DONE, DEFERRED = "done", "deferred"
 
 
-def compensation_phase(run) -> Iterator[str]:
+def compensation_phase(run: Run) -> Iterator[str]:
     """Compensate what `run.task` owes, then end it (module docstring)."""
     checkpoints = run.store.checkpoints(run.task.pk)
     now = run.clock.now()
@@ -62,7 +68,8 @@ def compensation_phase(run) -> Iterator[str]:
     _end(run, problems)
 
 
-def _compensate_one(run, cp: StepCheckpoint, problems: list[str]) -> Iterator[str]:
+def _compensate_one(run: Run, cp: StepCheckpoint,
+                    problems: list[str]) -> Generator[str, None, str]:
     step = run.plan.step_at(cp.index, cp.name) if run.plan else None
     if step is None or step.compensation is None:
         reason = (run.unplanned.reason if run.unplanned else
@@ -95,11 +102,11 @@ def _compensate_one(run, cp: StepCheckpoint, problems: list[str]) -> Iterator[st
     return DONE
 
 
-def _run_compensation(run, cp: StepCheckpoint, step, ctx) -> None:
+def _run_compensation(run: Run, cp: StepCheckpoint, step: Step, ctx: StepContext) -> None:
     """The body and its `compensated` record: together (atomic), or in turn."""
     if step.compensation_atomic:
-        def body():
-            step.compensation(ctx)
+        def body() -> str:
+            step.compensation(ctx)  # type: ignore[misc]  # compensable: it has one
             run.write([step_rows.compensated(cp.index, cp.name, run.clock.now())])
             return DONE
 
@@ -116,23 +123,24 @@ class _CompensationError(Exception):  # noqa: N818
         super().__init__(str(exc))
 
 
-def _call(step, ctx) -> None:
+def _call(step: Step, ctx: StepContext) -> None:
     try:
-        step.compensation(ctx)
+        step.compensation(ctx)  # type: ignore[misc]  # compensable: it has one
     except WorkerSignal:
         raise
     except Exception as exc:  # noqa: BLE001 - the compensation's own failure
         raise _CompensationError(exc) from exc
 
 
-def _settle(run, cp: StepCheckpoint):
+def _settle(run: Run, cp: StepCheckpoint) -> Any:
     """An atomic compensation's transaction failed: did it commit anyway?"""
     row = run._read(lambda: StepCheckpoint.objects.filter(task_id=run.task.pk,
                                                           index=cp.index).first())
     return DONE if row is not None and row.state == StepState.COMPENSATED else MISSING
 
 
-def _failed(run, cp, attempt: int, exc: BaseException, problems: list[str]) -> str:
+def _failed(run: Run, cp: StepCheckpoint, attempt: int, exc: BaseException,
+            problems: list[str]) -> str:
     error, error_type = describe(exc)
     workflow = run.plan.workflow
     run._emit("compensation_failed", step=cp.name, attempt=attempt, error_type=error_type)
@@ -149,12 +157,12 @@ def _failed(run, cp, attempt: int, exc: BaseException, problems: list[str]) -> s
     return DONE
 
 
-def _give_up(run, cp: StepCheckpoint, reason: str, problems: list[str]) -> None:
+def _give_up(run: Run, cp: StepCheckpoint, reason: str, problems: list[str]) -> None:
     run.write([step_rows.compensation_failed(cp.index, cp.name, reason, run.clock.now())])
     problems.append(f"{cp.name} ({reason})")
 
 
-def _end(run, problems: list[str]) -> None:
+def _end(run: Run, problems: list[str]) -> None:
     now, task = run.clock.now(), run.task
     error, error_type = "", ""
     if problems:

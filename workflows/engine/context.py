@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 from django.db import DatabaseError
 
@@ -32,9 +34,10 @@ from workflows.observability.events import emit
 
 
 class StepContext:
-    def __init__(self, *, lease: Lease, workflow: str, payload: dict, outputs: dict,
-                 attempt: int, step_index: int, step_name: str, progress=None, output=None,
-                 atomic: bool = False, compensating: bool = False):
+    def __init__(self, *, lease: Lease, workflow: str, payload: dict[str, Any],
+                 outputs: dict[str, Any], attempt: int, step_index: int, step_name: str,
+                 progress: Any = None, output: Any = None,
+                 atomic: bool = False, compensating: bool = False) -> None:
         self.task_id = str(lease.task_id)
         self.workflow = workflow
         self.payload = payload
@@ -76,7 +79,7 @@ class StepContext:
         faults.fault_point("during_lease_renewal")
         self._fenced(lambda: store().renew(self._lease, lease_length=lease_length()))
 
-    def _fenced(self, write) -> None:
+    def _fenced(self, write: Callable[[], object]) -> None:
         try:
             write()
         except Refused as refused:
@@ -98,7 +101,7 @@ class StepContext:
             time.sleep(min(remaining, pilot_settings.PILOT_HEARTBEAT_SECONDS, 0.25))
             self.heartbeat()
 
-    def save_progress(self, progress) -> None:
+    def save_progress(self, progress: Any) -> None:
         if self._atomic:
             raise RuntimeError("an atomic step commits all or nothing; it has no progress "
                                "to save")

@@ -37,6 +37,7 @@ import dataclasses
 import logging
 import time
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import DatabaseError, transaction
 from django.db.models import Q
@@ -181,9 +182,11 @@ def _record(claim: _Claim, answer: Answer) -> str:
     delivery, now = claim.delivery, claim.clock.now()
     entry = {"n": delivery.attempts, "at": now.isoformat(), "status": answer.status,
              "error": answer.error, "ms": answer.ms}
+    fields: dict[str, Any]
     fields = {"attempt_log": [*delivery.attempt_log, entry][-LOG_ENTRIES:],
               "last_status": answer.status, "last_error": answer.error,
               "claimed_until": None, "claimed_by": ""}
+    outcome: str
     if answer.ok:
         outcome = DeliveryState.DELIVERED
         fields.update(state=DeliveryState.DELIVERED, delivered_at=now)
@@ -261,7 +264,7 @@ def deliveries_enqueue_due(now: datetime, *, batch: int = BATCH) -> tuple[int, b
 
 # --- the operator's re-send -------------------------------------------------------------------
 
-def delivery_resend(*, delivery_id, user, reason: str = "") -> WebhookDelivery:
+def delivery_resend(*, delivery_id: Any, user: Any, reason: str = "") -> WebhookDelivery:
     """Send a delivery again — delivered, failed or waiting for its next
     attempt — with the same `webhook-id` and body, due now, with a fresh
     PILOT_WEBHOOK_GIVE_UP_SECONDS; enqueued on commit. Locks the task, then

@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
-from django.db.models import Min, Q
+from django.db.models import Min, Q, QuerySet
 
 from workflows.backoff import backoff_delay
 from workflows.conf import pilot_settings
@@ -79,7 +81,7 @@ class DispatchReport:
                 + self.retries_enqueued + self.compensations_enqueued + self.cancels_finished
                 + self.reenqueued + self.deliveries_enqueued)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items()
                 if k not in ("db_now", "next_due", "full")}
 
@@ -103,7 +105,7 @@ def dispatch_once(*, batch: int = BATCH, actor: str | None = None) -> DispatchRe
     return report
 
 
-def _locked(qs, batch: int, report: DispatchReport | None) -> list[Task]:
+def _locked(qs: QuerySet[Task], batch: int, report: DispatchReport | None) -> list[Task]:
     """Up to `batch` rows of `qs`, locked, skipping rows others hold; a full batch
     says (on `report`) that the loop should run again at once."""
     rows = list(qs.select_for_update(skip_locked=True)[:batch])
@@ -112,7 +114,7 @@ def _locked(qs, batch: int, report: DispatchReport | None) -> list[Task]:
     return rows
 
 
-def _each(tasks: list[Task], report: DispatchReport, handle) -> None:
+def _each(tasks: list[Task], report: DispatchReport, handle: Callable[[Task], None]) -> None:
     """`handle(task)` per row, each in its own savepoint: one row's failure is
     logged, counted and rolled back alone."""
     for task in tasks:
@@ -132,7 +134,8 @@ def _policy_and_ttl(task: Task) -> tuple[RetryPolicy, timedelta]:
     return workflow.policy, workflow.idempotency_ttl
 
 
-def _recover_expired_leases(now, batch, actor, report) -> None:
+def _recover_expired_leases(now: datetime, batch: int, actor: str,
+                            report: DispatchReport) -> None:
     with transaction.atomic():
         tasks = _locked(Task.objects.filter(state=TaskState.RUNNING, lease_expires_at__lt=now),
                         batch, report)
@@ -141,7 +144,7 @@ def _recover_expired_leases(now, batch, actor, report) -> None:
         def recover(task: Task) -> None:
             policy, ttl = _policy_and_ttl(task)
             reason = (f"lease held by {task.lease_owner or '?'} expired at "
-                      f"{task.lease_expires_at.isoformat()}")
+                      f"{task.lease_expires_at.isoformat()}")  # type: ignore[union-attr]  # held
             # No worker runs its step any more: say so (the next attempt rewrites it).
             StepCheckpoint.objects.filter(task_id=task.pk, state=StepState.RUNNING).update(
                 state=StepState.FAILED, error=f"interrupted: its worker was lost ({reason})",
@@ -175,15 +178,15 @@ def _recover_expired_leases(now, batch, actor, report) -> None:
         _each(tasks, report, recover)
 
 
-def _stale(now) -> datetime:
+def _stale(now: datetime) -> datetime:
     return now - timedelta(seconds=pilot_settings.PILOT_REENQUEUE_SECONDS)
 
 
-def _needs_message(now) -> Q:
+def _needs_message(now: datetime) -> Q:
     return Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=_stale(now))
 
 
-def _enqueue_due(now, batch, actor, report) -> None:
+def _enqueue_due(now: datetime, batch: int, actor: str, report: DispatchReport) -> None:
     due_retry = Q(state=TaskState.RETRYING, next_attempt_at__lte=now)
     orphaned_phase = (Q(state__in=COMPENSATION_STATES)
                       & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
@@ -193,7 +196,7 @@ def _enqueue_due(now, batch, actor, report) -> None:
                         .filter(_needs_message(now)), batch, report)
         cancelling = [t.pk for t in tasks if t.state == TaskState.CANCELLING]
         owed = owed_compensations(cancelling) if cancelling else {}
-        to_enqueue: list = []
+        to_enqueue: list[Any] = []
 
         def settle(task: Task) -> None:
             if task.state == TaskState.CANCELLING and not owed.get(task.pk):
@@ -218,7 +221,7 @@ def _enqueue_due(now, batch, actor, report) -> None:
             enqueue_on_commit(to_enqueue, front=True)
 
 
-def _reenqueue_lost(now, batch, report) -> None:
+def _reenqueue_lost(now: datetime, batch: int, report: DispatchReport) -> None:
     """Wake the workers when due work waits and nobody is taking any.
 
     Workers take the next due task from the table after every message (the

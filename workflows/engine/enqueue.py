@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -47,7 +48,7 @@ DELIVER_WEBHOOK = "workflows.worker.deliver_webhook"
 _broker = None
 
 
-def broker():
+def broker() -> Any:
     """This process's broker (one Redis connection pool, not one per message),
     on PILOT's own queue: PILOT_Q_CLUSTER_NAME (workflows.cluster), whatever
     cluster this process's django-q2 configuration is the default of."""
@@ -74,7 +75,7 @@ def _package(arg: str, func: str) -> str:
     })
 
 
-def enqueue_rollback_unsafe(task_ids: Iterable, *, front: bool = False,
+def enqueue_rollback_unsafe(task_ids: Iterable[Any], *, front: bool = False,
                             func: str = RUN_TASK) -> int:
     """Push one message per task now. Returns how many were pushed. `front`
     puts them ahead of the waiting messages where the broker can (Redis):
@@ -98,7 +99,7 @@ def enqueue_rollback_unsafe(task_ids: Iterable, *, front: bool = False,
     return len(packages)
 
 
-def enqueue_on_commit(task_ids: Iterable, *, front: bool = False,
+def enqueue_on_commit(task_ids: Iterable[Any], *, front: bool = False,
                       func: str = RUN_TASK) -> None:
     """Enqueue the tasks so that the message exists iff the caller's transaction
     commits (ORM broker) or is pushed right after it commits (Redis); `front`
@@ -112,7 +113,7 @@ def enqueue_on_commit(task_ids: Iterable, *, front: bool = False,
         transaction.on_commit(lambda: _push_after_commit(ids, front, func))
 
 
-def deliveries_enqueue_on_commit(message_ids: Iterable, *, front: bool = False) -> None:
+def deliveries_enqueue_on_commit(message_ids: Iterable[str], *, front: bool = False) -> None:
     """Enqueue webhook deliveries (by `webhook-id`) the same way; a lost
     message is sent again by the dispatcher (deliveries.deliveries_enqueue_due)."""
     enqueue_on_commit(message_ids, front=front, func=DELIVER_WEBHOOK)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Iterator
+from typing import Any
 
 POINTS = (
     "after_claim",          # claim committed, no step started
@@ -34,8 +36,9 @@ class SimulatedCrash(BaseException):
     pass
 
 
-_armed: dict[str, list] = {}  # name -> [passes to let through, crashes left, error]
-_hooks: dict[str, list] = {}  # name -> [callbacks], run (once each) when the point is reached
+_armed: dict[str, list[Any]] = {}  # name -> [passes to let through, crashes left, error]
+# name -> [callbacks], run (once each) when the point is reached
+_hooks: dict[str, list[Callable[[], object]]] = {}
 
 
 def _from_env() -> dict[str, str]:
@@ -61,7 +64,8 @@ def fault_point(name: str) -> None:
 
 
 @contextlib.contextmanager
-def armed(name: str, *, skip: int = 0, times: int = 1, error: BaseException | None = None):
+def armed(name: str, *, skip: int = 0, times: int = 1,
+          error: BaseException | None = None) -> Iterator[None]:
     """Let `skip` passes through `name` go by, then crash the next `times`
     (in this process) — or raise `error` there instead."""
     if name not in POINTS:
@@ -74,7 +78,7 @@ def armed(name: str, *, skip: int = 0, times: int = 1, error: BaseException | No
 
 
 @contextlib.contextmanager
-def on(name: str, hook):
+def on(name: str, hook: Callable[[], object]) -> Iterator[None]:
     """Call `hook()` the next time this process reaches point `name` — to open
     an interleaving deterministically (e.g. an operator's cancel right after a
     claim)."""

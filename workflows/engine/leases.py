@@ -29,6 +29,7 @@ import os
 import socket
 import time
 from datetime import datetime, timedelta
+from typing import Any
 
 from workflows.conf import pilot_settings
 from workflows.errors import CancelRequested, LeaseLost
@@ -53,7 +54,7 @@ class LeaseClock:
     PILOT_HEARTBEAT_SECONDS), so a run of short steps does not rewrite the task
     row at every boundary."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.renewed = time.monotonic()
 
     def due(self) -> bool:
@@ -65,7 +66,7 @@ class LeaseClock:
 
 @dataclasses.dataclass(frozen=True)
 class Lease:
-    task_id: object
+    task_id: Any  # the task's UUID (or its text)
     token: int
     worker: str
     clock: LeaseClock = dataclasses.field(default_factory=LeaseClock, compare=False,

@@ -55,7 +55,8 @@ def dispatcher_loop(stop: threading.Event, *, poll: float | None = None,
             continue
         wait = poll
         if report.next_due is not None:
-            wait = min(wait, max(0.0, (report.next_due - report.db_now).total_seconds()))
+            # db_now: set by every pass
+            wait = min(wait, max(0.0, (report.next_due - report.db_now).total_seconds()))  # type: ignore[operator]  # noqa: E501
         wait = min(wait, scheduler_wait(fired, poll=poll, elapsed=time.monotonic() - started))
         stop.wait(wait)
     emit("dispatcher_stopped", passes=passes)

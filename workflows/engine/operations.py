@@ -16,6 +16,8 @@ may not even see the task gets TaskNotFound, never a hint that it exists.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import transaction
 from django.db.models.functions import Now
 
@@ -42,7 +44,7 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _lock_for(user, task_id, *, owner_may: bool, action: str) -> Task:
+def _lock_for(user: Any, task_id: Any, *, owner_may: bool, action: str) -> Task:
     """Lock the task (with the database's time) and authorise `user` for
     `action`, or raise."""
     task = (Task.objects.select_for_update().annotate(pilot_db_now=Now())
@@ -56,7 +58,7 @@ def _lock_for(user, task_id, *, owner_may: bool, action: str) -> Task:
     return task
 
 
-def task_cancel(*, task_id, user, reason: str = "", owner_may: bool = True) -> Task:
+def task_cancel(*, task_id: Any, user: Any, reason: str = "", owner_may: bool = True) -> Task:
     """Cancel a task. pending/retrying with nothing to compensate → `cancelled`
     at once; running → `cancelling` (its worker notices at its next write or
     heartbeat, takes the compensations over and finishes the cancel);
@@ -86,7 +88,7 @@ def task_cancel(*, task_id, user, reason: str = "", owner_may: bool = True) -> T
     return task
 
 
-def task_retry(*, task_id, user, from_start: bool = False, reason: str = "",
+def task_retry(*, task_id: Any, user: Any, from_start: bool = False, reason: str = "",
                owner_may: bool = True) -> Task:
     """Send a failed or cancelled task back to `pending` with a fresh budget of
     attempts and enqueue it (`plans.retry_plan` says which steps run again).

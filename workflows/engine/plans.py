@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
 
 from workflows.errors import UnknownWorkflow, WorkflowChanged
 from workflows.models import StepCheckpoint, Task
@@ -72,7 +74,7 @@ class Plan:
         cp = self.checkpoints.get(index)
         return cp.attempts if cp else 0
 
-    def progress_of(self, index: int):
+    def progress_of(self, index: int) -> Any:
         cp = self.checkpoints.get(index)
         return cp.progress if cp else None
 
@@ -83,10 +85,10 @@ class Plan:
         return None
 
 
-def owed_compensations(task_ids) -> dict:
+def owed_compensations(task_ids: Iterable[Any]) -> dict[Any, list[str]]:
     """{task id: [step names whose compensation is still owed, last first]}
     for the given tasks, from the checkpoints alone (no workflow code)."""
-    owed: dict = defaultdict(list)
+    owed: dict[Any, list[str]] = defaultdict(list)
     rows = (StepCheckpoint.objects.filter(task_id__in=list(task_ids), state__in=TO_COMPENSATE,
                                           compensable=True)
             .order_by("task_id", "-index").values_list("task_id", "name"))

@@ -40,8 +40,9 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, connection
 from django_fsm import ConcurrentTransition
@@ -58,7 +59,7 @@ from workflows.engine.leases import (
     worker_id,
 )
 from workflows.engine.plans import Plan, PlanUnavailable, owed_compensations
-from workflows.engine.store import StepRow, store
+from workflows.engine.store import Claimed, StepRow, store
 from workflows.engine.store import rows as step_rows
 from workflows.errors import CancelRequested, LeaseLost, WorkerSignal, WorkflowChanged
 from workflows.models import StepCheckpoint, Task, TaskTransition
@@ -67,6 +68,7 @@ from workflows.observability.events import emit, emit_on_commit, log_context
 from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, Step, registry
 from workflows.states import TO_COMPENSATE, TaskState
 
+T = TypeVar("T")
 MISSING = object()
 # Errors of the connection, not of the statement: worth retrying the same write.
 TRANSIENT = (OperationalError, InterfaceError)
@@ -109,7 +111,8 @@ def describe(exc: BaseException) -> tuple[str, str]:
     return text, type(exc).__name__
 
 
-def task_run(*, task_id, worker: str | None = None, drain_seconds: float = 0.0) -> RunReport:
+def task_run(*, task_id: object, worker: str | None = None,
+             drain_seconds: float = 0.0) -> RunReport:
     """Claim and run one task; never raises. A second call while the first runs,
     or for a finished, missing or not-yet-due task, returns "skipped" and
     changes nothing.
@@ -127,7 +130,8 @@ def task_run(*, task_id, worker: str | None = None, drain_seconds: float = 0.0) 
     return run.report
 
 
-def tasks_drain(*, worker: str | None = None, until: float, first=None) -> int:
+def tasks_drain(*, worker: str | None = None, until: float,
+                first: Claimed | None = None) -> int:
     """Claim and run due tasks until the monotonic time `until` or until none is
     due (a task already claimed, `first`, runs whatever the time). Returns how
     many ran; never raises."""
@@ -161,21 +165,24 @@ class Run:
     the next due task, if any. With `chain_until` (a monotonic deadline not yet
     passed) its success also claims the next due task (`next_claimed`)."""
 
-    def __init__(self, task_id, worker: str, *, claimed=None, chain_until: float | None = None):
+    def __init__(self, task_id: object, worker: str, *, claimed: Claimed | None = None,
+                 chain_until: float | None = None) -> None:
         if claimed is not None:
             task_id = claimed.task.pk
         self.task_id = str(task_id) if task_id is not None else None
         self.claimed = claimed
         self.chain_until = chain_until
-        self.next_claimed = None
+        self.next_claimed: Claimed | None = None
         self.worker = worker
         self.actor = f"worker:{worker}"
         self.report = RunReport(self.task_id)
         self.store = store()
-        self.task: Task | None = None
-        self.lease: Lease | None = None
-        self.clock: DbClock | None = None
-        self.plan: Plan | None = None
+        # None until the claim (_hold) or the plan is built; only _drive, ttl() and
+        # _emit() can run before that, and they test for it.
+        self.task: Task = None  # type: ignore[assignment]
+        self.lease: Lease = None  # type: ignore[assignment]
+        self.clock: DbClock = None  # type: ignore[assignment]
+        self.plan: Plan = None  # type: ignore[assignment]
         self.unplanned: PlanUnavailable | None = None
         self.in_flight: InFlight | None = None
         self.succeeded_here: list[int] = []
@@ -200,6 +207,7 @@ class Run:
         # A claim has no side effect before it commits: a connection error (or
         # SQLite's busy writer) is retried like a read.
         started_ns = tracing.now_ns()
+        claimed: Claimed | None
         if self.claimed is not None:
             claimed, compensating = self.claimed, False
         elif self.task_id is None:
@@ -246,7 +254,7 @@ class Run:
         except WorkerSignal as signal:  # raised by ctx.heartbeat() inside a body
             yield from self._signalled(signal)
 
-    def _hold(self, claimed) -> None:
+    def _hold(self, claimed: Claimed) -> None:
         self.task = claimed.task
         self.lease = claimed.lease
         self.clock = DbClock(claimed.db_now)
@@ -292,6 +300,7 @@ class Run:
             following = todo[position + 1] if position + 1 < len(todo) else None
             self.in_flight = InFlight(index, step)
             started = time.monotonic()
+            failed: StepFailure | None
             self._emit("step_started", level=logging.DEBUG, step=step.name)
             with tracing.span("pilot.step", parent=self.task.traceparent, task_id=self.task_id,
                               workflow=self.task.workflow, step=step.name, index=index,
@@ -320,18 +329,19 @@ class Run:
                 return
             faults.fault_point("after_checkpoint")
 
-    def _context(self, index: int, step: Step, outputs: dict, *, atomic: bool,
-                 compensating: bool = False, output=None) -> StepContext:
+    def _context(self, index: int, step: Step, outputs: dict[str, Any], *, atomic: bool,
+                 compensating: bool = False, output: Any = None) -> StepContext:
         return StepContext(lease=self.lease, workflow=self.task.workflow,
                            payload=self.task.payload, outputs=dict(outputs),
                            attempt=self.task.attempts, step_index=index, step_name=step.name,
                            progress=self.plan.progress_of(index), output=output,
                            atomic=atomic, compensating=compensating)
 
-    def _step(self, index: int, step: Step, outputs: dict, following: int | None):
+    def _step(self, index: int, step: Step, outputs: dict[str, Any],
+              following: int | None) -> Any:
         ctx = self._context(index, step, outputs, atomic=step.atomic)
         if step.atomic:
-            def body():
+            def body() -> Any:
                 output = step.func(ctx)
                 faults.fault_point("after_step_body")
                 self._record(index, step, output, following)
@@ -342,12 +352,12 @@ class Run:
             output = step.func(ctx)
         except Exception as exc:  # noqa: BLE001 - the step's failure, classified by the caller
             raise StepFailure(exc) from exc
-        self.in_flight.output = output
+        self.in_flight.output = output  # type: ignore[union-attr]  # set by _forward
         faults.fault_point("after_step_body")
         self._record(index, step, output, following)
         return output
 
-    def _record(self, index: int, step: Step, output, following: int | None) -> None:
+    def _record(self, index: int, step: Step, output: Any, following: int | None) -> None:
         """One step boundary, all or nothing: this step's success with the next
         step's start — or, after the last step, with the task's success."""
         now = self.clock.now()
@@ -362,7 +372,7 @@ class Run:
                                 self.plan.attempts_of(following) + 1, now)
         self.write([done, nxt])
 
-    def _settle_step(self, index: int, following: int | None):
+    def _settle_step(self, index: int, following: int | None) -> Any:
         """After an error in an atomic step's transaction: did it commit anyway
         (the reply to COMMIT was lost)? The step's output if so, else MISSING."""
         fresh = self._reread()
@@ -479,7 +489,8 @@ class Run:
         renew = lease_length() if self.lease.clock.due() else None
         self._durably(lambda: self.store.write_steps(self.lease, rows, renew_for=renew))
 
-    def transition(self, name: str, *, reason: str = "", then_claim: bool = False, **kwargs):
+    def transition(self, name: str, *, reason: str = "", then_claim: bool = False,
+                   **kwargs: Any) -> Claimed | None:
         """Apply a transition to the task this run holds, fenced on its token.
         Raises Refused when the task changed. After a database error outside a
         transaction it re-reads: if the change committed (its reply was lost)
@@ -510,7 +521,7 @@ class Run:
         self.lease = self.lease.advanced(self.task.lease_token)
         return following
 
-    def atomically(self, body, settle):
+    def atomically(self, body: Callable[[], Any], settle: Callable[[], Any]) -> Any:
         """Run `body` (which ends with its fenced record) in one transaction.
         After an error: if `settle()` finds it committed anyway, its result;
         if SQLite refused the transaction for another writer, run it again;
@@ -536,7 +547,7 @@ class Run:
                 raise StepFailure(exc) from exc
         raise AssertionError("unreachable")
 
-    def _durably(self, write) -> None:
+    def _durably(self, write: Callable[[], object]) -> None:
         if connection.in_atomic_block:
             write()
             return
@@ -550,7 +561,7 @@ class Run:
                     raise Interrupted(f"cannot record: {describe(exc)[0]}") from exc
                 self._reconnect()
 
-    def _read(self, query, deadline: float | None = None):
+    def _read(self, query: Callable[[], T], deadline: float | None = None) -> T:
         """`query()`, retried across a lost connection until `deadline`."""
         deadline = deadline or time.monotonic() + WRITE_PATIENCE_SECONDS
         while True:
@@ -592,7 +603,7 @@ class Run:
         workflow = self.plan.workflow if self.plan else registry.find(self.task.workflow)
         return workflow.idempotency_ttl if workflow else DEFAULT_IDEMPOTENCY_TTL
 
-    def _emit(self, event: str, *, level: int = logging.INFO, **fields) -> None:
+    def _emit(self, event: str, *, level: int = logging.INFO, **fields: Any) -> None:
         task = self.task
         base = {"task_id": self.task_id, "workflow": task.workflow if task else None,
                 "attempt": task.attempts if task else None,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 
@@ -32,7 +33,7 @@ from workflows.engine.triggers import payload_validate
 from workflows.errors import PilotError, ValidationFailed
 from workflows.models import MissedPolicy, PilotSchedule, ScheduleOrigin
 from workflows.observability.events import emit_on_commit
-from workflows.registry import SCHEDULE_NAME_RE, registry
+from workflows.registry import SCHEDULE_NAME_RE, Workflow, registry
 
 CREATED, UPDATED, UNCHANGED = "created", "updated", "unchanged"
 _DEFINITION = ("workflow", "payload", "cron", "owner_id", "missed")
@@ -47,7 +48,8 @@ class SyncReport:
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def schedule_validate(*, name, workflow, cron, payload, owner, missed) -> str:
+def schedule_validate(*, name: Any, workflow: Any, cron: Any, payload: Any, owner: Any,
+                      missed: Any) -> str:
     """Check a definition without writing anything; returns the normalized cron.
     Raises ValidationFailed with one message per bad field (every field is
     checked, so a form can show them all at once)."""
@@ -74,7 +76,7 @@ def schedule_validate(*, name, workflow, cron, payload, owner, missed) -> str:
     return cron
 
 
-def _payload_problem(workflow, payload) -> str | None:
+def _payload_problem(workflow: Workflow | None, payload: Any) -> str | None:
     """What the trigger would refuse about this payload (None if nothing), so a
     schedule that could never fire is refused when it is written."""
     try:
@@ -87,7 +89,7 @@ def _payload_problem(workflow, payload) -> str | None:
     return None
 
 
-def schedule_save(*, name: str, workflow: str, cron: str, payload: dict, owner,
+def schedule_save(*, name: str, workflow: str, cron: str, payload: dict[str, Any], owner: Any,
                   missed: str = MissedPolicy.SKIP, enabled: bool | None = None,
                   origin: str = ScheduleOrigin.OPERATOR,
                   now: datetime | None = None) -> tuple[PilotSchedule, str]:
@@ -128,7 +130,7 @@ def schedule_save(*, name: str, workflow: str, cron: str, payload: dict, owner,
         return schedule, UPDATED
 
 
-def _create(*, now, **fields) -> tuple[PilotSchedule, bool]:
+def _create(*, now: datetime, **fields: Any) -> tuple[PilotSchedule, bool]:
     """Insert in a savepoint; (the existing row locked, False) if another
     transaction created the name first."""
     from django.db import IntegrityError
@@ -144,8 +146,8 @@ def _create(*, now, **fields) -> tuple[PilotSchedule, bool]:
         return PilotSchedule.objects.select_for_update().get(name=fields["name"]), False
 
 
-def _apply(schedule: PilotSchedule, *, workflow, cron, payload, owner, missed, enabled,
-           now) -> list[str]:
+def _apply(schedule: PilotSchedule, *, workflow: str, cron: str, payload: dict[str, Any],
+           owner: Any, missed: str, enabled: bool, now: datetime) -> list[str]:
     """Set the new values on the locked row; returns the names of changed fields."""
     changed = []
     restart = (cron != schedule.cron) or (enabled and not schedule.enabled)
@@ -221,14 +223,15 @@ def schedules_sync_declared(*, now: datetime | None = None) -> SyncReport:
     for workflow, spec in declared:
         try:
             owner = scheduler_owner_get(spec.owner)
-            _, outcome = schedule_save(name=spec.name, workflow=workflow.name, cron=spec.cron,
+            # a declared schedule is named by now (registry)
+            _, outcome = schedule_save(name=spec.name, workflow=workflow.name, cron=spec.cron,  # type: ignore[arg-type]  # noqa: E501
                                        payload=spec.payload, owner=owner, missed=spec.missed,
                                        origin=ScheduleOrigin.CODE, now=now)
         except LookupError as exc:
-            report.errors[spec.name] = f"owner: {exc}"
+            report.errors[spec.name] = f"owner: {exc}"  # type: ignore[index]
             continue
         except PilotError as exc:
-            report.errors[spec.name] = f"{exc.detail} {exc.errors or ''}".strip()
+            report.errors[spec.name] = f"{exc.detail} {exc.errors or ''}".strip()  # type: ignore[index]
             continue
         getattr(report, outcome).append(spec.name)
     names = {spec.name for _, spec in declared}
@@ -240,7 +243,8 @@ def schedules_sync_declared(*, now: datetime | None = None) -> SyncReport:
     return report
 
 
-def schedules_sync_after_migrate(sender=None, using="default", **kwargs) -> None:
+def schedules_sync_after_migrate(sender: object = None, using: str = "default",
+                                 **kwargs: object) -> None:
     """post_migrate receiver: write the schedules declared in code. Does nothing
     (not even a query) when the code declares none, or when the table is not
     there yet (a migrate to an earlier migration)."""

@@ -15,7 +15,7 @@ import time
 from django.db import DatabaseError, close_old_connections, connections
 
 from workflows.conf import pilot_settings
-from workflows.engine.schedules import schedules_fire_due
+from workflows.engine.schedules import ScheduleFireReport, schedules_fire_due
 from workflows.observability.events import emit
 
 # A due schedule that another scheduler holds locked is looked at again this
@@ -50,7 +50,7 @@ def scheduler_loop(stop: threading.Event, *, poll: float | None = None,
     return passes
 
 
-def scheduler_wait(report, *, poll: float, elapsed: float) -> float:
+def scheduler_wait(report: ScheduleFireReport, *, poll: float, elapsed: float) -> float:
     """Seconds to sleep after a pass: until the next due slot (by the database
     clock the pass read), at most `poll`, at least MIN_WAIT."""
     if report.next_due is None:

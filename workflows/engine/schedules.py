@@ -40,6 +40,7 @@ import dataclasses
 import logging
 import uuid
 from datetime import datetime
+from typing import Any
 
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Min
@@ -81,7 +82,7 @@ class ScheduleFireReport:
     next_due: datetime | None = None
     full: bool = False
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"now": self.now.isoformat(), "schedules": self.schedules,
                 "created": self.created, "replayed": self.replayed,
                 "restarted": self.restarted, "skipped": self.skipped,
@@ -165,7 +166,8 @@ def _fire(schedule: PilotSchedule, now: datetime, grace: float,
           report: ScheduleFireReport) -> None:
     """Decide and fire the due slots of one locked schedule, then save it."""
     report.schedules += 1
-    slots, older_dropped = cron_latest_slots(schedule.cron, since=schedule.next_slot_at, now=now,
+    # a due schedule has its next slot (the query filters on it)
+    slots, older_dropped = cron_latest_slots(schedule.cron, since=schedule.next_slot_at, now=now,  # type: ignore[arg-type]  # noqa: E501
                                              limit=MAX_CATCH_UP, hash_id=schedule.name)
     chosen = slots_to_fire(schedule.missed, slots, now=now, grace=grace)
     fields = ["next_slot_at", "updated_at"]

@@ -40,6 +40,8 @@ import dataclasses
 import time
 import uuid
 from collections import defaultdict
+from datetime import datetime
+from typing import Any
 
 from django.db import OperationalError, transaction
 from django.db.models import Max, Subquery, Sum, Value
@@ -111,14 +113,14 @@ class _Prepared:
     index: int
     key: str
     workflow: Workflow
-    payload: dict
+    payload: dict[str, Any]
     fingerprint: str
     callback_url: str = ""  # "" = the owner's default endpoint, if any
 
 
-def task_trigger(*, owner, workflow, payload, key=None, source: str = Source.API,
-                 trace_id: str = "", traceparent: str = "",
-                 callback_url=None) -> TriggerOutcome:
+def task_trigger(*, owner: Any, workflow: Any, payload: Any, key: Any = None,
+                 source: str = Source.API, trace_id: str = "", traceparent: str = "",
+                 callback_url: Any = None) -> TriggerOutcome:
     """Trigger one workflow run idempotently; see the module docstring.
 
     Raises a PilotError subclass for every refusal (invalid key, unknown
@@ -134,7 +136,7 @@ def task_trigger(*, owner, workflow, payload, key=None, source: str = Source.API
     return result
 
 
-def task_trigger_many(*, owner, requests: list[TriggerRequest], source: str = Source.BATCH,
+def task_trigger_many(*, owner: Any, requests: list[TriggerRequest], source: str = Source.BATCH,
                       trace_id: str = "",
                       traceparent: str = "") -> list[TriggerOutcome | PilotError]:
     """Trigger up to MAX_BATCH runs in one transaction and a handful of queries.
@@ -163,10 +165,11 @@ def task_trigger_many(*, owner, requests: list[TriggerRequest], source: str = So
         return _trigger_many(owner, requests, source, trace_id, traceparent)
 
 
-def _trigger_many(owner, requests, source, trace_id, traceparent) -> list:
-    results: list = [None] * len(requests)
+def _trigger_many(owner: Any, requests: list[TriggerRequest], source: str, trace_id: str,
+                  traceparent: str) -> list[TriggerOutcome | PilotError]:
+    results: list[Any] = [None] * len(requests)
     prepared: list[_Prepared] = []
-    targets: dict = {}
+    targets: dict[str, Any] = {}
     for index, request in enumerate(requests):
         try:
             prepared.append(_prepare(index, request, targets))
@@ -174,6 +177,7 @@ def _trigger_many(owner, requests, source, trace_id, traceparent) -> list:
             results[index] = exc
     if any(item.callback_url for item in prepared):
         prepared = _refuse_unsigned(owner, prepared, results)
+    outcome: TriggerOutcome | PilotError | None
     if len(prepared) == 1:
         outcome = _shortcut(owner, prepared[0], source, trace_id, traceparent)
         if outcome is not None:
@@ -201,7 +205,7 @@ def _is_transient(exc: OperationalError) -> bool:
     return code in ("40P01", "40001")
 
 
-def payload_validate(payload, workflow: Workflow | None = None) -> str:
+def payload_validate(payload: Any, workflow: Workflow | None = None) -> str:
     """The payload's canonical JSON, or the PilotError a trigger with it gets
     before touching the database: not an object, too deep, not plain JSON, a NUL
     or a lone surrogate, too large — and, given its `workflow`, what the
@@ -242,7 +246,7 @@ def payload_validate(payload, workflow: Workflow | None = None) -> str:
     return canonical_payload
 
 
-def _prepare(index: int, request: TriggerRequest, targets: dict) -> _Prepared:
+def _prepare(index: int, request: TriggerRequest, targets: dict[str, Any]) -> _Prepared:
     """Validate one request without touching the database (a callback_url's
     host is resolved, once per distinct URL of the call: `targets`)."""
     key = normalize_key(request.key) if request.key is not None else None
@@ -254,7 +258,7 @@ def _prepare(index: int, request: TriggerRequest, targets: dict) -> _Prepared:
             raise IdempotencyKeyMissing(
                 "Send an Idempotency-Key header (or task_id); "
                 f"{workflow.name} does not derive keys from its payload")
-        key = derive_key(workflow.name, workflow.key_fields, payload)
+        key = derive_key(workflow.name, workflow.key_fields, payload)  # type: ignore[arg-type]  # validated
     # Same bytes as canonical_json({"payload": ..., "workflow": ...}), built
     # without serialising the payload twice.
     fp = fingerprint_of(f'{{"payload":{canonical_payload},"workflow":'
@@ -273,10 +277,11 @@ def _prepare(index: int, request: TriggerRequest, targets: dict) -> _Prepared:
         if isinstance(targets[url], PilotError):
             raise targets[url]
         callback_url = targets[url]
-    return _Prepared(index, key, workflow, payload, fp, callback_url)
+    return _Prepared(index, key, workflow, payload, fp, callback_url)  # type: ignore[arg-type]  # validated
 
 
-def _refuse_unsigned(owner, prepared: list[_Prepared], results: list) -> list[_Prepared]:
+def _refuse_unsigned(owner: Any, prepared: list[_Prepared],
+                     results: list[Any]) -> list[_Prepared]:
     """A callback_url needs the owner's signing secret (one query, only when a
     request carries one): without it the request is refused."""
     if ClientWebhook.objects.filter(owner=owner).exists():
@@ -293,7 +298,7 @@ def _refuse_unsigned(owner, prepared: list[_Prepared], results: list) -> list[_P
     return kept
 
 
-def _plain(errors):
+def _plain(errors: Any) -> Any:
     if isinstance(errors, dict):
         return {str(k): _plain(v) for k, v in errors.items()}
     if isinstance(errors, list):
@@ -301,7 +306,7 @@ def _plain(errors):
     return str(errors)
 
 
-def _shortcut(owner, item: _Prepared, source: str, trace_id: str,
+def _shortcut(owner: Any, item: _Prepared, source: str, trace_id: str,
               traceparent: str) -> TriggerOutcome | None:
     """A new key or a plain replay through the store's fast path; None when the
     general path must decide (or the store has none). With the ORM broker the
@@ -319,8 +324,8 @@ def _shortcut(owner, item: _Prepared, source: str, trace_id: str,
     return TriggerOutcome(REPLAYED, task)
 
 
-def _decide_all(owner, prepared: list[_Prepared], source: str, trace_id: str,
-                traceparent: str) -> dict:
+def _decide_all(owner: Any, prepared: list[_Prepared], source: str, trace_id: str,
+                traceparent: str) -> dict[int, TriggerOutcome | PilotError]:
     first_by_key: dict[str, _Prepared] = {}
     for item in prepared:
         first_by_key.setdefault(item.key, item)
@@ -329,7 +334,7 @@ def _decide_all(owner, prepared: list[_Prepared], source: str, trace_id: str,
         rows, created_ids = _insert_and_lock(owner, first_by_key, source, trace_id,
                                              traceparent, now)
         outcomes: dict[int, TriggerOutcome | PilotError] = {}
-        replay_counts: dict = defaultdict(int)
+        replay_counts: dict[Any, int] = defaultdict(int)
         restarted: list[Task] = []
         for item in prepared:
             task = rows[item.key]
@@ -352,14 +357,14 @@ def _decide_all(owner, prepared: list[_Prepared], source: str, trace_id: str,
     return outcomes
 
 
-def _insert_and_lock(owner, first_by_key: dict[str, _Prepared], source, trace_id,
-                     traceparent, now):
+def _insert_and_lock(owner: Any, first_by_key: dict[str, _Prepared], source: str, trace_id: str,
+                     traceparent: str, now: datetime) -> tuple[dict[str, Task], set[Any]]:
     """Insert a row for every key that has none (the constraint decides races),
     delete expired rows in the way, and return every key's row locked.
 
     Returns ({key: Task}, {ids of rows this call created})."""
     rows: dict[str, Task] = {}
-    created_ids: set = set()
+    created_ids: set[Any] = set()
     todo = dict(first_by_key)
     for _ in range(_RACE_ROUNDS):
         fresh = {key: _new_task(owner, item, source, trace_id, traceparent, now=now)
@@ -395,7 +400,8 @@ def _insert_and_lock(owner, first_by_key: dict[str, _Prepared], source, trace_id
     raise Conflict("The idempotency key kept changing hands; retry the request")
 
 
-def _new_task(owner, item: _Prepared, source, trace_id, traceparent, *, now) -> Task:
+def _new_task(owner: Any, item: _Prepared, source: str, trace_id: str, traceparent: str, *,
+              now: datetime | None) -> Task:
     """A pending task for `item`, not saved. `now` is the database's time (the
     fast path leaves it None and stamps the row with the database's own)."""
     return Task(
@@ -407,14 +413,14 @@ def _new_task(owner, item: _Prepared, source, trace_id, traceparent, *, now) -> 
     )
 
 
-def _default_endpoint(owner):
+def _default_endpoint(owner: Any) -> Coalesce:
     """The owner's default endpoint as an expression of the insert itself (no
     query of its own): a subquery on its client webhook, "" when it has none."""
     return Coalesce(Subquery(ClientWebhook.objects.filter(owner_id=owner.pk)
                              .values("url")[:1]), Value(""))
 
 
-def _decide(task: Task, item: _Prepared, owner, now) -> str:
+def _decide(task: Task, item: _Prepared, owner: Any, now: datetime) -> str:
     """Decide on an existing, locked row by the trigger table (docs/design.md,
     "Idempotent trigger"). Restarts a failed task."""
     if task.fingerprint != item.fingerprint:
@@ -431,7 +437,7 @@ def _decide(task: Task, item: _Prepared, owner, now) -> str:
                         "use a new key to run it again")
 
 
-def _record_replays(replay_counts: dict, rows: dict[str, Task], now) -> None:
+def _record_replays(replay_counts: dict[Any, int], rows: dict[str, Task], now: datetime) -> None:
     """Append the replays to their log (never to the task row the worker fences
     on) and give every task of the batch its replay count, in two statements."""
     if replay_counts:
@@ -448,7 +454,7 @@ def _record_replays(replay_counts: dict, rows: dict[str, Task], now) -> None:
         task.pilot_last_replayed_at = row["last"] if row else None
 
 
-def _report(outcomes: dict) -> None:
+def _report(outcomes: dict[int, TriggerOutcome | PilotError]) -> None:
     for outcome in outcomes.values():
         if isinstance(outcome, PilotError):
             emit_on_commit("trigger_refused", code=outcome.code)

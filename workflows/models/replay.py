@@ -13,7 +13,7 @@ from django.db import models
 from django.utils import timezone
 
 
-class TaskReplay(models.Model):
+class TaskReplay(models.Model):  # noqa: DJ008 - log rows, never shown one by one
     # Indexed: cleanup deletes a task's rows by task_id.
     task = models.ForeignKey("workflows.Task", on_delete=models.CASCADE, related_name="+")
     workflow = models.CharField(max_length=100)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -36,25 +37,25 @@ class VersionedFSMField(FSMField):
     transition's body ran (and only if it did not raise) the model's
     `lease_token` goes up by one. One place, so no edge can forget it."""
 
-    def change_state(self, instance, method, *args, **kwargs):
+    def change_state(self, instance: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
         result = super().change_state(instance, method, *args, **kwargs)
         instance.lease_token += 1
         return result
 
 
-class TaskQuerySet(models.QuerySet):
-    def expired(self, now: datetime):
+class TaskQuerySet(models.QuerySet["Task"]):
+    def expired(self, now: datetime) -> TaskQuerySet:
         """Finished tasks whose idempotency key may be reused (expires_at passed)."""
         return self.filter(state__in=FINISHED_STATES, expires_at__lte=now)
 
-    def finished_before(self, ts: datetime):
+    def finished_before(self, ts: datetime) -> TaskQuerySet:
         return self.filter(state__in=FINISHED_STATES, finished_at__lt=ts)
 
-    def expired_leases(self, now: datetime):
+    def expired_leases(self, now: datetime) -> TaskQuerySet:
         """Held by a worker whose lease ran out before `now` (a database time)."""
         return self.filter(state__in=LEASED_STATES, lease_expires_at__lt=now)
 
-    def with_replays(self):
+    def with_replays(self) -> TaskQuerySet:
         """Each task with `replays` and `last_replayed_at` read from its replay log
         in the same query (one index probe per task)."""
         from django.db.models import IntegerField, OuterRef, Subquery, Sum
@@ -63,7 +64,8 @@ class TaskQuerySet(models.QuerySet):
         from workflows.models.replay import TaskReplay
 
         log = TaskReplay.objects.filter(task_id=OuterRef("pk")).order_by().values("task_id")
-        return self.annotate(
+        # (django-stubs' plugin reports the annotation's names as redefined)
+        return self.annotate(  # type: ignore[no-redef]
             pilot_replays=Coalesce(Subquery(log.annotate(n=Sum("count")).values("n")),
                                    0, output_field=IntegerField()),
             pilot_last_replayed_at=Subquery(log.annotate(m=models.Max("at")).values("m")))
@@ -107,6 +109,8 @@ class Task(ConcurrentTransitionMixin, models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
 
     objects = TaskQuerySet.as_manager()
+    # The database's time, annotated on the row by the engine's locking reads.
+    pilot_db_now: datetime
 
     class Meta:
         constraints = [
@@ -173,7 +177,7 @@ class Task(ConcurrentTransitionMixin, models.Model):
         self._load_replays()
         return self.__dict__["pilot_last_replayed_at"]
 
-    def refresh_from_db(self, *args, **kwargs):
+    def refresh_from_db(self, *args: Any, **kwargs: Any) -> None:
         self.__dict__.pop("pilot_replays", None)  # read the log again when next asked
         self.__dict__.pop("pilot_last_replayed_at", None)
         super().refresh_from_db(*args, **kwargs)
@@ -246,7 +250,7 @@ class Task(ConcurrentTransitionMixin, models.Model):
             self.started_at = now
 
     @transition(field=state, source=S.RUNNING, target=S.SUCCEEDED)
-    def succeed(self, *, result, now: datetime, ttl: timedelta) -> None:
+    def succeed(self, *, result: Any, now: datetime, ttl: timedelta) -> None:
         self.result = result
         self.error = ""
         self.error_type = ""
@@ -277,7 +281,7 @@ class Task(ConcurrentTransitionMixin, models.Model):
         the task for any worker to claim."""
         self._set_error(error, error_type)
         if worker:
-            self._take_lease(worker, now, lease)
+            self._take_lease(worker, now, lease)  # type: ignore[arg-type]  # given with a worker
         else:
             self._release_lease()
             self.next_attempt_at = None

@@ -62,7 +62,7 @@ class WebhookDelivery(models.Model):
     # The last attempts, oldest first: [{"n", "at", "status", "error", "ms"}].
     attempt_log = models.JSONField(default=list, blank=True)
     # The signed bytes, fixed at the first attempt so every retry sends the same.
-    body = models.TextField(null=True, blank=True)
+    body = models.TextField(null=True, blank=True)  # noqa: DJ001 - NULL: not signed yet
     claim_token = models.PositiveBigIntegerField(default=0)
     claimed_by = models.CharField(max_length=200, blank=True, default="")
     claimed_until = models.DateTimeField(null=True, blank=True)
@@ -102,7 +102,7 @@ class WebhookDelivery(models.Model):
         return delivery_message_id(self.task_id, self.task_state, self.restarts)
 
 
-def delivery_message_id(task_id, task_state: str, restarts: int) -> str:
+def delivery_message_id(task_id: object, task_state: str, restarts: int) -> str:
     return f"{task_id}:{task_state}:{restarts}"
 
 

@@ -118,7 +118,7 @@ def compact(directory: str, *, blocking: bool = False) -> Compaction:
         absorbed: dict[str, list[str]] = defaultdict(list)
         for names in dead.values():
             for name in names:
-                typ = _FILE.match(name)["typ"]
+                typ = _FILE.match(name)["typ"]  # type: ignore[index]  # dead_files matched it
                 if typ in ARCHIVED_TYPES:
                     absorbed[typ].append(name)
         replacements = {}

@@ -63,7 +63,8 @@ def _connect(target, addresses: list[str], deadline: float) -> socket.socket:
     raise last or TimeoutError("no time left to connect")
 
 
-def post_once(url: str, body: bytes, headers: dict, *, timeout: float) -> Answer:
+def post_once(url: str, body: bytes, headers: dict, *,  # noqa: C901 - one request's outcomes
+              timeout: float) -> Answer:
     """POST `body` to `url` once. Never raises: every failure is an Answer
     with `status` None (no answer) or a non-2xx status, and the reason."""
     started = time.monotonic()

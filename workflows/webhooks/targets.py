@@ -107,7 +107,8 @@ def target_addresses(target: Target) -> list[str]:
             infos = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
         except (socket.gaierror, UnicodeError, OSError) as exc:
             raise TargetRefused(f"host {target.host} does not resolve ({exc})") from None
-        addresses = list(dict.fromkeys(info[4][0].split("%", 1)[0] for info in infos))
+        # IPv4 and IPv6 socket addresses start with the address as text
+        addresses = list(dict.fromkeys(info[4][0].split("%", 1)[0] for info in infos))  # type: ignore[union-attr]  # noqa: E501
         if not addresses:
             raise TargetRefused(f"host {target.host} does not resolve")
     if not _allow_private():

@@ -290,7 +290,7 @@ def test_the_literal_claim_and_the_fsm_claim_leave_the_same_row(owner):
         row = fields(task.pk)
         for name in ("id", "idempotency_key", "lease_expires_at", "started_at"):
             row.pop(name)
-        results.append((row, [h[:4] + (h[4],) for h in history(task.pk)][-1],
+        results.append((row, [(*h[:4], h[4]) for h in history(task.pk)][-1],
                         claimed.task.lease_token))
     assert results[0] == results[1]
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper
@@ -71,7 +73,7 @@ def give_up_after() -> timedelta:
     return timedelta(seconds=pilot_settings.PILOT_WEBHOOK_GIVE_UP_SECONDS)
 
 
-def _aware(value) -> datetime:
+def _aware(value: Any) -> datetime:
     if isinstance(value, str):
         value = parse_datetime(value)
     return value if timezone.is_aware(value) else timezone.make_aware(value, UTC)
@@ -80,10 +82,10 @@ def _aware(value) -> datetime:
 def _guard_sql(table: str) -> str:
     """states.STEP_OVERWRITES as the upsert's WHERE: which stored states a
     written state may replace."""
-    def quoted(values):
+    def quoted(values: Any) -> str:
         return ", ".join(f"'{v}'" for v in values)
 
-    groups: dict[tuple, list[str]] = {}
+    groups: dict[tuple[str, ...], list[str]] = {}
     for new, old in STEP_OVERWRITES.items():
         groups.setdefault(tuple(old), []).append(new)
     return " OR ".join(f"(excluded.state IN ({quoted(new)}) AND {table}.state IN "
@@ -127,16 +129,16 @@ class OrmStore:
             return _aware(cursor.fetchone()[0])
 
     @staticmethod
-    def _later(delta: timedelta) -> ExpressionWrapper:
+    def _later(delta: timedelta) -> ExpressionWrapper[Any]:
         """The database's `now() + delta`, as an expression for an UPDATE."""
         return ExpressionWrapper(Now() + delta, output_field=DateTimeField())
 
     # --- claims ------------------------------------------------------------------------------
 
-    def _read_with_now(self, task_id) -> Task | None:
+    def _read_with_now(self, task_id: Any) -> Task | None:
         return Task.objects.annotate(pilot_db_now=Now()).filter(pk=task_id).first()
 
-    def claim(self, task_id, *, worker: str, lease: timedelta) -> Claimed | None:
+    def claim(self, task_id: Any, *, worker: str, lease: timedelta) -> Claimed | None:
         """pending, or retrying and due, with an attempt left → running (attempts
         + 1, a new token, the lease), with its audit row; None if there is
         nothing to claim or another claim won. Due-ness is the database's clock."""
@@ -174,7 +176,7 @@ class OrmStore:
                             worker=worker, now=now, lease=lease)
         return Claimed(task, now, enqueued_at, worker)
 
-    def resume(self, task_id, *, worker: str, lease: timedelta,
+    def resume(self, task_id: Any, *, worker: str, lease: timedelta,
                after_cancel_of: int | None = None) -> Claimed | None:
         """Take the compensation phase of a compensating or cancelling task over
         (`resume`: a new token, the lease). Without `after_cancel_of`: only when no
@@ -201,7 +203,7 @@ class OrmStore:
             return None
         return Claimed(task, now, enqueued_at, worker)
 
-    def checkpoints(self, task_id) -> dict[int, StepCheckpoint]:
+    def checkpoints(self, task_id: Any) -> dict[int, StepCheckpoint]:
         return {cp.index: cp for cp in StepCheckpoint.objects.filter(task_id=task_id)}
 
     # --- fenced writes -------------------------------------------------------------------------
@@ -215,7 +217,7 @@ class OrmStore:
         (extending the lease when `renew`), or raise Refused."""
         mine = Task.objects.filter(pk=lease.task_id, lease_token=lease.token)
         if renew:
-            held = mine.update(lease_expires_at=self._later(lease_length))
+            held = mine.update(lease_expires_at=self._later(lease_length))  # type: ignore[arg-type]  # renew: given
         else:
             held = len(mine.select_for_update().values_list("pk", flat=True))
         if not held:
@@ -240,13 +242,13 @@ class OrmStore:
         if not Task.objects.filter(pk=lease.task_id, lease_token=lease.token).exists():
             raise self.refusal(lease)
 
-    def save_progress(self, lease: Lease, *, index: int, progress) -> None:
+    def save_progress(self, lease: Lease, *, index: int, progress: Any) -> None:
         with transaction.atomic():  # nested: a savepoint, a refusal undoes only this
             self._fence(lease, renew=False, lease_length=None)
             StepCheckpoint.objects.filter(task_id=lease.task_id, index=index).update(
                 progress=progress)
 
-    def upsert_steps(self, task_id, rows: list[StepRow]) -> None:
+    def upsert_steps(self, task_id: Any, rows: list[StepRow]) -> None:
         """The upsert alone, for a caller that already holds the fence (or the
         task's row lock) in this transaction."""
         ops = connection.ops
@@ -267,9 +269,10 @@ class OrmStore:
     # --- transitions ---------------------------------------------------------------------------
 
     def transition(self, task: Task, name: str, *, at: datetime, actor: str, reason: str = "",
-                   steps: list[StepRow] | tuple = (), set_fields: dict | None = None,
+                   steps: list[StepRow] | tuple[StepRow, ...] = (),
+                   set_fields: dict[str, Any] | None = None,
                    then_claim_for: tuple[str, timedelta] | None = None,
-                   **kwargs) -> Claimed | None:
+                   **kwargs: Any) -> Claimed | None:
         """Apply django-fsm transition `name` (with `kwargs`) to `task` and persist
         it as a compare-and-set on the token `task` carries — with its audit row
         and `steps` — all or nothing. `at` (a database time) stamps the change.
@@ -303,8 +306,9 @@ class OrmStore:
                        attempt=task.attempts, actor=actor, trace_id=task.trace_id or None)
         return following
 
-    def _persist(self, task, token, changed, name, from_state, actor, reason, at, steps,
-                 then_claim_for=None):
+    def _persist(self, task: Task, token: int, changed: list[str], name: str, from_state: str,
+                 actor: str, reason: str, at: datetime, steps: list[StepRow],
+                 then_claim_for: tuple[str, timedelta] | None = None) -> Claimed | None:
         with transaction.atomic():  # nested: a savepoint, a refusal undoes only this
             matched = Task.objects.filter(pk=task.pk, lease_token=token).update(
                 **{a: task.__dict__[a] for a in changed})
@@ -334,7 +338,7 @@ class OrmStore:
 
     # --- atomic steps --------------------------------------------------------------------------
 
-    def atomic_step(self):
+    def atomic_step(self) -> contextlib.AbstractContextManager[None]:
         """The transaction an atomic step's body and record share."""
         return transaction.atomic()
 
@@ -344,7 +348,7 @@ class OrmStore:
 
     # --- triggers ---------------------------------------------------------------------------
 
-    def create_or_replay(self, task: Task):
+    def create_or_replay(self, task: Task) -> tuple[str, Task] | None:
         """A fast path for one trigger (see PostgresStore); None: take the general path."""
         return None
 
@@ -363,20 +367,20 @@ class SqliteStore(OrmStore):
     name = "sqlite"
 
     @contextlib.contextmanager
-    def atomic_step(self):
+    def atomic_step(self) -> Iterator[None]:
         if connection.in_atomic_block:
             with transaction.atomic():
                 yield
             return
         connection.ensure_connection()
-        mode = connection.transaction_mode
-        connection.transaction_mode = "DEFERRED"
+        mode = connection.transaction_mode  # type: ignore[attr-defined]  # SQLite's
+        connection.transaction_mode = "DEFERRED"  # type: ignore[attr-defined]
         try:
             with transaction.atomic():
-                connection.transaction_mode = mode  # only this BEGIN is deferred
+                connection.transaction_mode = mode  # type: ignore[attr-defined]  # only this BEGIN is deferred
                 yield
         finally:
-            connection.transaction_mode = mode
+            connection.transaction_mode = mode  # type: ignore[attr-defined]
 
     def is_lock_conflict(self, exc: BaseException) -> bool:
         return "database is locked" in str(exc) or "database table is locked" in str(exc)

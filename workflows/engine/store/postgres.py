@@ -15,8 +15,9 @@ import hashlib
 import json
 import re
 import weakref
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from django.db import connection
 from django.utils.dateparse import parse_datetime
@@ -56,10 +57,10 @@ QUERIES = _load(Path(__file__).with_name("queries.sql"))
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 # Per database connection (psycopg's), the statements already prepared on it.
-_PREPARED_ON: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PREPARED_ON: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
-def prepared(sql: str, params: dict) -> tuple[str, list]:
+def prepared(sql: str, params: dict[str, Any]) -> tuple[str, Any]:
     """`sql` (named %(x)s parameters) as `EXECUTE <name>(…)` of a statement
     prepared once per database connection, and its parameters in order.
 
@@ -81,7 +82,7 @@ def prepared(sql: str, params: dict) -> tuple[str, list]:
     return f"EXECUTE {key}({', '.join(['%s'] * len(names))})", [params[n] for n in names]
 
 
-def _step_arrays(rows: list[StepRow]) -> dict:
+def _step_arrays(rows: list[StepRow]) -> dict[str, Any]:
     """The `steps` parameter: the rows as one JSON array (jsonb_to_recordset)."""
     return {"steps": json.dumps([
         {"index": r.index, "name": r.name, "state": r.state, "output": r.output,
@@ -97,7 +98,7 @@ def _numbered(sql: str) -> tuple[str, str, tuple[str, ...]]:
     """(statement name, `sql` with $1, $2… for its named parameters, their names)."""
     names: list[str] = []
 
-    def number(match):
+    def number(match: re.Match[str]) -> str:
         if match.group(1) not in names:
             names.append(match.group(1))
         return f"${names.index(match.group(1)) + 1}"
@@ -109,17 +110,17 @@ def _numbered(sql: str) -> tuple[str, str, tuple[str, ...]]:
 class PostgresStore(OrmStore):
     name = "postgresql"
 
-    def _run(self, query: str, params: dict):
+    def _run(self, query: str, params: dict[str, Any]) -> Any:
         with connection.cursor() as cursor:
             cursor.execute(*prepared(QUERIES[query], params))
             return cursor.fetchone()
 
-    def db_now(self):
+    def db_now(self) -> datetime:
         return self._run("db_now", {})[0]
 
     # --- claims ------------------------------------------------------------------------------
 
-    def _claimed(self, query: str, params: dict, name: str) -> Claimed | None:
+    def _claimed(self, query: str, params: dict[str, Any], name: str) -> Claimed | None:
         rows = list(Task.objects.raw(*prepared(QUERIES[query], params)))
         if not rows:
             return None
@@ -131,12 +132,12 @@ class PostgresStore(OrmStore):
                        trace_id=task.trace_id or None)
         return Claimed(task, task.pilot_db_now, task.pilot_enqueued_at, params["worker"])
 
-    def claim(self, task_id, *, worker: str, lease: timedelta) -> Claimed | None:
+    def claim(self, task_id: Any, *, worker: str, lease: timedelta) -> Claimed | None:
         return self._claimed("claim", {"task_id": task_id, "worker": worker[:200],
                                        "actor": f"worker:{worker}"[:200],
                                        "lease_seconds": lease.total_seconds()}, "claim")
 
-    def resume(self, task_id, *, worker: str, lease: timedelta,
+    def resume(self, task_id: Any, *, worker: str, lease: timedelta,
                after_cancel_of: int | None = None) -> Claimed | None:
         params = {"task_id": task_id, "worker": worker[:200], "actor": f"worker:{worker}"[:200],
                   "lease_seconds": lease.total_seconds(), "token": after_cancel_of}
@@ -171,7 +172,7 @@ class PostgresStore(OrmStore):
         if self._run("check", {"task_id": lease.task_id, "token": lease.token}) is None:
             raise self.refusal(lease)
 
-    def save_progress(self, lease: Lease, *, index: int, progress) -> None:
+    def save_progress(self, lease: Lease, *, index: int, progress: Any) -> None:
         [fenced] = self._run("save_progress", {"task_id": lease.task_id, "token": lease.token,
                                                "index": index, "progress": json.dumps(progress)})
         if not fenced:
@@ -179,8 +180,9 @@ class PostgresStore(OrmStore):
 
     # --- transitions ---------------------------------------------------------------------------
 
-    def _persist(self, task, token, changed, name, from_state, actor, reason, at, steps,
-                 then_claim_for=None):
+    def _persist(self, task: Task, token: int, changed: list[str], name: str, from_state: str,
+                 actor: str, reason: str, at: datetime, steps: list[StepRow],
+                 then_claim_for: tuple[str, timedelta] | None = None) -> Claimed | None:
         """One statement (queries.sql `transition`): the transition's diff where
         the task still carries `token`, its audit row, `steps`, and — for the
         ending of a task with an endpoint — its webhook's outbox row, together;
@@ -220,7 +222,8 @@ class PostgresStore(OrmStore):
                                             "actor": f"worker:{worker}"[:200],
                                             "lease_seconds": lease.total_seconds()}, "claim")
 
-    def _persist_then_claim(self, sql, params, task, token, worker) -> Claimed | None:
+    def _persist_then_claim(self, sql: str, params: dict[str, Any], task: Task, token: int,
+                            worker: str) -> Claimed | None:
         with connection.cursor() as cursor:
             cursor.execute(*prepared(sql, params))
             columns = [c.name for c in cursor.description]
@@ -240,7 +243,7 @@ class PostgresStore(OrmStore):
 
     # --- triggers ---------------------------------------------------------------------------
 
-    def create_or_replay(self, task: Task):
+    def create_or_replay(self, task: Task) -> tuple[str, Task] | None:
         """("created", task) when `task` (a new pending task, not saved) was
         inserted (with its owner's default endpoint when it has no callback_url);
         ("replayed", stored task with its steps) when the same request was
@@ -267,7 +270,7 @@ class PostgresStore(OrmStore):
         return "replayed", row
 
 
-def _task_from(values: dict) -> Task:
+def _task_from(values: dict[str, Any]) -> Task:
     """A Task from a row of raw column values, converted as the ORM would
     (JSON columns arrive as text)."""
     fields = Task._meta.concrete_fields
@@ -280,7 +283,7 @@ def _task_from(values: dict) -> Task:
     return Task.from_db(connection.alias, [f.attname for f in fields], converted)
 
 
-def _steps(task_id, raw) -> list[StepCheckpoint]:
+def _steps(task_id: Any, raw: Any) -> list[StepCheckpoint]:
     if raw is None:
         return []
     items = json.loads(raw) if isinstance(raw, str) else raw

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime
+from typing import Any
 
 from workflows.states import StepState
 
@@ -42,7 +43,7 @@ def started(index: int, name: str, attempts: int, now: datetime) -> StepRow:
     return StepRow(index, name, StepState.RUNNING, attempts=attempts, started_at=now)
 
 
-def succeeded(index: int, name: str, output, now: datetime, *, compensable: bool) -> StepRow:
+def succeeded(index: int, name: str, output: Any, now: datetime, *, compensable: bool) -> StepRow:
     return StepRow(index, name, StepState.SUCCEEDED, output=output, compensable=compensable,
                    finished_at=now)
 

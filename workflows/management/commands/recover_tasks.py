@@ -2,8 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from workflows.engine.dispatcher import dispatch_once
-from workflows.engine.schedules import schedules_fire_due
+from workflows.engine import dispatch_once, schedules_fire_due
 
 
 class Command(BaseCommand):

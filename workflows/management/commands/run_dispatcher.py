@@ -3,7 +3,7 @@ import threading
 
 from django.core.management.base import BaseCommand
 
-from workflows.engine.loop import dispatcher_loop
+from workflows.engine import dispatcher_loop
 
 
 class Command(BaseCommand):

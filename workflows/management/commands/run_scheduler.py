@@ -4,8 +4,7 @@ import threading
 
 from django.core.management.base import BaseCommand, CommandError
 
-from workflows.engine.scheduler_loop import scheduler_loop
-from workflows.engine.schedules import schedules_fire_due
+from workflows.engine import scheduler_loop, schedules_fire_due
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ from argparse import RawDescriptionHelpFormatter
 from django.core.management.base import BaseCommand, CommandError
 
 from workflows.accounts import SCHEDULER_OWNER, scheduler_owner_get
-from workflows.engine.schedule_definitions import (
+from workflows.engine import (
     schedule_delete,
     schedule_save,
     schedule_set_enabled,

@@ -7,7 +7,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from workflows.accounts import CLI_OWNER, cli_owner_get
-from workflows.engine.triggers import task_trigger
+from workflows.engine import task_trigger
 from workflows.errors import PilotError
 from workflows.selectors import task_wait_finished
 from workflows.states import Source, TaskState
@@ -104,7 +104,7 @@ examples:
             task = task_wait_finished(task.pk, timeout=timeout)
             report |= {"state": task.state, "result": task.result,
                        "error": task.error or None, "attempts": task.attempts}
-        succeeded = TaskState.SUCCEEDED == task.state
+        succeeded = TaskState.SUCCEEDED == task.state  # noqa: SIM300 - the no-write guard greps this
         if json:
             self.stdout.write(_dumps(report))
         elif wait:
