@@ -72,10 +72,17 @@ test-sqlite: $(VENV)/.installed-dev
 	env -u DATABASE_URL -u REDIS_URL -u PILOT_REQUIRE_POSTGRES \
 		$(PY) -m pytest -m "not postgres and not redis" -q
 
+## test-main: everything on PostgreSQL (and Redis). Without a PostgreSQL DATABASE_URL
+## it says so and succeeds -- unless PILOT_REQUIRE_POSTGRES=1 (CI, .ci/run), where not
+## running the PostgreSQL tests is a failure, not a pass.
 test-main: $(VENV)/.installed-dev chromium
 	@case "$$DATABASE_URL" in \
 	  postgres*) $(PY) -m pytest -q ;; \
-	  *) echo "DATABASE_URL is not PostgreSQL: PostgreSQL/Redis tests not run (CI runs them)";; \
+	  *) if [ "$${PILOT_REQUIRE_POSTGRES:-}" = 1 ]; then \
+	       echo "PILOT_REQUIRE_POSTGRES=1 but DATABASE_URL is not PostgreSQL: PostgreSQL/Redis tests cannot run" >&2; \
+	       exit 1; \
+	     fi; \
+	     echo "DATABASE_URL is not PostgreSQL: PostgreSQL/Redis tests not run (CI runs them)";; \
 	esac
 
 lint: $(VENV)/.installed-dev
