@@ -74,10 +74,13 @@ def test_due_retries_are_enqueued_once_and_not_before_they_are_due(start, temp_w
 
     task = start("test.backoff")
     drain(lambda: Task.objects.get(pk=task.pk).state == S.RETRYING)
+    # Full jitter could draw a delay near 0: pin the retry an hour out so "not yet due"
+    # holds whatever was drawn.
+    Task.objects.filter(pk=task.pk).update(next_attempt_at=timezone.now() + timedelta(hours=1))
+    assert dispatch_once().retries_enqueued == 0
+    assert queued_task_ids() == []
     task.refresh_from_db()
-    if task.next_attempt_at > timezone.now():
-        assert dispatch_once().retries_enqueued == 0
-        assert queued_task_ids() == []
+    assert (task.state, task.attempts) == (S.RETRYING, 1)
     Task.objects.filter(pk=task.pk).update(next_attempt_at=timezone.now() - timedelta(seconds=1))
     assert dispatch_once().retries_enqueued == 1
     assert dispatch_once().retries_enqueued == 0  # already enqueued for this due time
@@ -91,9 +94,13 @@ def test_the_next_due_retry_is_reported_so_the_loop_can_wake_for_it(start, temp_
     wf.add_step("boom", lambda ctx: (_ for _ in ()).throw(RetryableError("x")))
     task = start("test.soon")
     drain(lambda: Task.objects.get(pk=task.pk).state == S.RETRYING)
-    due = Task.objects.get(pk=task.pk).next_attempt_at
+    # Pinned in the future (full jitter could draw ~0 s), so it is still pending when
+    # dispatch_once looks: the report must name exactly that instant.
+    due = timezone.now() + timedelta(minutes=30)
+    Task.objects.filter(pk=task.pk).update(next_attempt_at=due)
     report = dispatch_once()
-    assert report.next_due == due or due <= timezone.now()
+    assert report.retries_enqueued == 0
+    assert report.next_due == due
 
 
 def _waited(task, seconds):
