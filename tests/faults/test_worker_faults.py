@@ -5,13 +5,15 @@ paused (SIGSTOP) past its lease whose late writes must be refused."""
 import os
 import random
 import signal
+import socket
 import time
 import uuid
+from collections import defaultdict
 
 import pytest
 
 from tests.faults.invariants import violations
-from tests.procs import Fleet, wait_until
+from tests.procs import Fleet, group_pids, wait_until
 from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
 from workflows.models import DemoOrder, StepCheckpoint, Task, TaskTransition
 from workflows.states import FINISHED_STATES
@@ -53,47 +55,85 @@ def mixed_requests(n: int) -> list[TriggerRequest]:
     return requests
 
 
+def running_under(group, ids) -> dict:
+    """{task id: lease owner} of the tasks running on a lease held by a process of
+    `group` (a worker's lease owner is "host:pid", workflows.engine.leases.worker_id)."""
+    owners = {f"{socket.gethostname()}:{pid}" for pid in group_pids(group.popen.pid)}
+    return dict(Task.objects.filter(pk__in=ids, state=S.RUNNING, lease_owner__in=owners)
+                .values_list("pk", "lease_owner"))
+
+
+def lease_endings(running: dict, mark: int) -> dict:
+    """For each task of `running` (snapshotted before transition id `mark`), the
+    transition that ended the lease it was running on then: the first edge out of
+    `running` after its last claim up to `mark`. Missing while the lease has not ended."""
+    endings = {}
+    chains = defaultdict(list)
+    for row in (TaskTransition.objects.filter(task_id__in=list(running)).order_by("id")
+                .values("id", "task_id", "transition", "from_state", "actor")):
+        chains[row["task_id"]].append(row)
+    for pk, chain in chains.items():
+        claims = [i for i, row in enumerate(chain)
+                  if row["transition"] == "claim" and row["id"] <= mark]
+        after = chain[claims[-1] + 1:] if claims else []
+        ending = next((row for row in after if row["from_state"] == S.RUNNING), None)
+        if ending is not None:
+            endings[pk] = ending
+    return endings
+
+
 def test_repeated_sigkills_lose_nothing_and_recover_within_lease_plus_poll(owner, fleet):
     runs, kills = (500, 20) if LONG else (200, 8)
     rng = random.Random(1129)
     fleet.dispatcher()
     workers = fleet.workers()
-    results = task_trigger_many(owner=owner, requests=mixed_requests(runs))
-    ids = [r.task.pk for r in results]
-    recoveries, reclaims = [], []
-    for _ in range(kills):
-        wait_until(lambda: Task.objects.filter(pk__in=ids, state=S.RUNNING).exists()
-                   or finished(ids)(), 60, what="work to kill")
+    requests = mixed_requests(runs)
+    wave = runs // (kills + 1)  # fresh work before every kill, so no kill finds none
+    ids = []
+    recoveries, reclaims, interrupted_per_kill = [], [], []
+    for n in range(1, kills + 1):
+        ids.extend(r.task.pk for r in task_trigger_many(
+            owner=owner, requests=requests[(n - 1) * wave:n * wave]))
         time.sleep(rng.uniform(0.1, 1.0))
-        running = dict(Task.objects.filter(pk__in=ids, state=S.RUNNING)
-                       .values_list("pk", "lease_token"))
-        workers.kill()
+        # Every kill lands on running work: wait (polling fast) until the group about to
+        # be killed holds a task, then kill at once.
+        group = workers
+        running = wait_until(lambda group=group: running_under(group, ids), 60,
+                             interval=0.01, what=f"kill {n}: work running under the group")
+        mark = TaskTransition.objects.order_by("-id").values_list("id", flat=True).first()
+        group.kill()
         killed_at = time.monotonic()
         workers = fleet.workers()
-        if not running:
-            continue
-        # Recovered: no task is left running on the dead worker's lease.
-        wait_until(lambda running=running: not Task.objects.filter(
-            pk__in=list(running), state=S.RUNNING,
-            lease_token__in=set(running.values())).filter(
-            lease_owner__isnull=False).exclude(
-            pk__in=[pk for pk, tok in Task.objects.filter(pk__in=list(running))
-                    .values_list("pk", "lease_token") if tok != running[pk]]).exists(),
-                   LEASE + POLL + 10, interval=0.05, what="the dispatcher to recover")
+        # Each of those leases ends: `recover` by the dispatcher (the kill interrupted
+        # it), or its own worker's edge (it finished in the instant before the kill).
+        endings = wait_until(
+            lambda running=running, mark=mark: (
+                e if len(e := lease_endings(running, mark)) == len(running) else None),
+            LEASE + POLL + 10, interval=0.05, what=f"kill {n}: the dispatcher to recover")
         recoveries.append(time.monotonic() - killed_at)
-        wait_until(lambda running=running: all(
-            tok > running[pk] or state in FINISHED_STATES
-            for pk, tok, state in Task.objects.filter(pk__in=list(running))
-            .values_list("pk", "lease_token", "state")), 60, interval=0.05,
-            what="the killed tasks to run again")
+        interrupted = {pk for pk, e in endings.items() if e["transition"] == "recover"}
+        for pk, ending in endings.items():
+            if pk not in interrupted:
+                assert ending["actor"] == f"worker:{running[pk]}", (n, pk, ending)
+        assert interrupted, f"kill {n} interrupted no running work: {endings}"
+        interrupted_per_kill.append(len(interrupted))
+        wait_until(lambda endings=endings, interrupted=interrupted: interrupted <= {
+            pk for pk, at in TaskTransition.objects.filter(
+                task_id__in=interrupted, transition="claim").values_list("task_id", "id")
+            if at > endings[pk]["id"]}, 60,
+            interval=0.05, what=f"kill {n}: the interrupted tasks to be claimed again")
         reclaims.append(time.monotonic() - killed_at)
+    ids += [r.task.pk for r in task_trigger_many(owner=owner,
+                                                 requests=requests[kills * wave:])]
+    assert len(ids) == runs
     wait_until(finished(ids), 240, interval=0.5, what="every task to finish")
     assert violations(tasks=Task.objects.filter(pk__in=ids)) == []
     assert set(Task.objects.filter(pk__in=ids).values_list("state", flat=True)) == {
         S.SUCCEEDED}
-    print(f"\n{kills} kills over {runs} runs: recovery {[round(r, 2) for r in recoveries]} s, "
+    print(f"\n{kills} kills over {runs} runs, interrupting {interrupted_per_kill} tasks: "
+          f"recovery {[round(r, 2) for r in recoveries]} s, "
           f"claimed again {[round(r, 2) for r in reclaims]} s")
-    assert max(recoveries, default=0) <= LEASE + POLL + 2
+    assert max(recoveries) <= LEASE + POLL + 2
 
 
 def test_a_step_longer_than_three_leases_that_heartbeats_runs_once(owner, fleet):
