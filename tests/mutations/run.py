@@ -104,7 +104,7 @@ MUTANTS = (
         (("    StepState.FAILED: (StepState.PENDING, StepState.RUNNING, StepState.FAILED),",
           "    StepState.FAILED: (StepState.PENDING, StepState.RUNNING, StepState.FAILED,\n"
           "                       StepState.SUCCEEDED),"),),
-        ("tests/engine/test_commit_ambiguity.py",),
+        ("tests/engine/store/test_contract.py::test_a_step_row_only_moves_forward",),
     ),
     Mutant(
         "compensate-twice",
