@@ -4,7 +4,7 @@ BENCH_VENV := bench/.venv
 PY     := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: run test test-sqlite test-main lint check audit bench bench-cleanup bench-admin bench-tracing clean chromium promtool lock
+.PHONY: run test test-sqlite test-main mutate lint check audit bench bench-cleanup bench-admin bench-tracing clean chromium promtool lock
 
 # Installs come from the lock files: every pin of requirements*.txt with the hash of
 # every file PyPI has for it, checked by pip (--require-hashes). `make lock` renews
@@ -84,6 +84,14 @@ test-main: $(VENV)/.installed-dev chromium
 	     fi; \
 	     echo "DATABASE_URL is not PostgreSQL: PostgreSQL/Redis tests not run (CI runs them)";; \
 	esac
+
+## mutate: the mutation check, not part of `make test` (docs/testing.md): eight
+## deliberate engine bugs, one at a time, each in a `git archive HEAD` copy (the
+## working tree is never written), each against its named tests on PostgreSQL and
+## Redis (DATABASE_URL, REDIS_URL); prints mutant -> killed? -> caught by, and fails
+## if any survives. A few minutes.
+mutate: $(VENV)/.installed-dev
+	$(PY) -m tests.mutations.run
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
