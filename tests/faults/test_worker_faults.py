@@ -117,6 +117,9 @@ def test_repeated_sigkills_lose_nothing_and_recover_within_lease_plus_poll(owner
                 assert ending["actor"] == f"worker:{running[pk]}", (n, pk, ending)
         assert interrupted, f"kill {n} interrupted no running work: {endings}"
         interrupted_per_kill.append(len(interrupted))
+        # Live: while the new group works and the dispatcher recovers, every invariant
+        # that holds at any moment holds now.
+        assert violations(require_terminal=False, tasks=Task.objects.filter(pk__in=ids)) == []
         wait_until(lambda endings=endings, interrupted=interrupted: interrupted <= {
             pk for pk, at in TaskTransition.objects.filter(
                 task_id__in=interrupted, transition="claim").values_list("task_id", "id")
