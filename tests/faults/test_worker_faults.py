@@ -169,9 +169,11 @@ def test_a_paused_worker_has_its_late_writes_refused_after_a_takeover(owner, fle
         wait_until(finished([task.pk]), 60, interval=0.2, what="the takeover to finish")
     finally:
         paused.signal_group(signal.SIGCONT)
-    time.sleep(LEASE)  # let the zombie try its late writes
+    # The zombie, resumed, tries its late write and is refused: wait for that (its
+    # log line), not for a guessed time.
+    wait_until(lambda: "lease_lost" in paused.log(), LEASE + 30, interval=0.2,
+               what="the resumed worker's late write to be refused")
     task.refresh_from_db()
     assert task.state == S.SUCCEEDED and task.result == {"written": 300}
     assert DemoOrder.objects.filter(batch="paused").count() == 300
     assert violations(tasks=Task.objects.filter(pk=task.pk)) == []
-    assert "lease_lost" in paused.log()
