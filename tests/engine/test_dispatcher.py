@@ -120,6 +120,16 @@ def test_a_pending_task_whose_message_was_lost_is_enqueued_again(start, settings
     assert queued_task_ids() == [str(task.pk)]
 
 
+def test_drain_does_not_let_the_resend_hide_a_lost_message(start, settings):
+    task = start()
+    pop_queued()  # the message is lost, as with a broken enqueue
+    _waited(task, settings.PILOT_REENQUEUE_SECONDS + 1)
+    with pytest.raises(AssertionError, match="re-sent 1 lost task message"):
+        drain(lambda: Task.objects.get(pk=task.pk).is_finished)
+    drain(lambda: Task.objects.get(pk=task.pk).is_finished, resend_ok=True)
+    assert Task.objects.get(pk=task.pk).state == S.SUCCEEDED
+
+
 def test_a_task_queued_behind_others_gets_no_second_message(start, settings):
     """Issue 16: under a backlog every pending task used to be re-sent every
     10 s — a duplicate storm exactly when the system was overloaded. Workers take
