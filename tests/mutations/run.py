@@ -64,7 +64,7 @@ MUTANTS = (
         ("tests/engine/test_fencing.py::"
          "test_every_write_of_a_running_worker_is_refused_after_every_token_change",
          "tests/concurrency/test_execution_races.py::"
-         "test_a_stale_lease_token_is_refused_on_every_write"),
+         "test_a_stale_token_is_refused_while_the_new_holder_writes"),
     ),
     Mutant(
         "skip-on-conflict",
