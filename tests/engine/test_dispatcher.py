@@ -89,6 +89,25 @@ def test_due_retries_are_enqueued_once_and_not_before_they_are_due(start, temp_w
     assert Task.objects.get(pk=task.pk).result == "ok"
 
 
+@pytest.mark.redis
+def test_due_retries_go_ahead_of_a_backlog_of_new_triggers(start):
+    """Work already under way does not wait behind new work: the dispatcher puts a
+    due retry's message at the front of the Redis queue."""
+    first, second = start(), start()
+    pop_queued()
+    for task in (first, second):
+        assert task_claim(task_id=task.pk, worker="dead") is not None
+        expire_lease(task.pk)
+    assert dispatch_once().recovered == 2
+    backlog = [start() for _ in range(3)]  # queued after the recovery, in order
+    Task.objects.filter(pk=first.pk).update(next_attempt_at=timezone.now() - timedelta(2))
+    Task.objects.filter(pk=second.pk).update(next_attempt_at=timezone.now() - timedelta(1))
+    assert dispatch_once().retries_enqueued == 2
+    queued = queued_task_ids()
+    assert sorted(queued[:2]) == sorted([str(first.pk), str(second.pk)])
+    assert queued[2:] == [str(t.pk) for t in backlog]
+
+
 def test_the_next_due_retry_is_reported_so_the_loop_can_wake_for_it(start, temp_workflow):
     wf = temp_workflow("test.soon", max_attempts=2, backoff_initial=3600, backoff_max=3600)
     wf.add_step("boom", lambda ctx: (_ for _ in ()).throw(RetryableError("x")))

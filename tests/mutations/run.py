@@ -86,6 +86,14 @@ MUTANTS = (
          "test_a_rolled_back_trigger_leaves_no_task_and_no_message",),
     ),
     Mutant(
+        "retries-behind-the-backlog",
+        "the dispatcher's messages for work under way queue behind new triggers",
+        "workflows/engine/enqueue.py",
+        (("    elif front:\n", "    elif False:\n"),),
+        ("tests/engine/test_dispatcher.py::"
+         "test_due_retries_go_ahead_of_a_backlog_of_new_triggers",),
+    ),
+    Mutant(
         "no-attempt-on-recover",
         "recovering an expired lease gives the lost attempt back (a poison task loops)",
         "workflows/engine/dispatcher.py",
