@@ -65,6 +65,7 @@ class Observed:
     acknowledged: dict = dataclasses.field(default_factory=dict)  # (owner_id, key) -> task id
     server_errors: list = dataclasses.field(default_factory=list)  # 5xx outside fault windows
     foreign_reads: list = dataclasses.field(default_factory=list)  # another client's data seen
+    wrong_answers: list = dataclasses.field(default_factory=list)  # e.g. a reused key accepted
 
 
 @contextlib.contextmanager
@@ -129,6 +130,7 @@ def _violations(observed, require_terminal, tasks, lease_grace) -> list[str]:
     found += _ledger(tasks, steps)
     found += [f"5xx outside a fault window: {e}" for e in observed.server_errors]
     found += [f"foreign read: {e}" for e in observed.foreign_reads]
+    found += [f"wrong answer: {e}" for e in observed.wrong_answers]
     return found
 
 
