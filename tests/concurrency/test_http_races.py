@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 def test_a_hundred_identical_http_triggers_make_one_202_and_99_replays(enough_connections):
     _, token = api_client_create("racer")
-    for round_no in range(10):
+    for round_no in range(5):  # 3 more over real sockets below
         key = f"http-storm-{round_no}"
 
         def post(i, key=key):
