@@ -115,11 +115,11 @@ def test_restarts_under_load_answer_only_503_and_lose_nothing(stack):
         phase[0] = "between"
         more_acknowledged(10, "after the restart")
         # Atomic work in flight when the database crashes: a task whose atomic
-        # `write` holds its transaction open (sleeping inside it) for a second.
+        # `write` holds its transaction open (sleeping inside it) for two seconds.
         r = request(stack.url, "POST", "/api/v1/tasks", token=stack.token,
                     headers={"Idempotency-Key": "in-flight"}, timeout=15,
                     body={"workflow": "demo.sync_orders",
-                          "payload": {"batch": "in-flight", "count": 20, "step_seconds": 1}})
+                          "payload": {"batch": "in-flight", "count": 20, "step_seconds": 2}})
         assert r.status == 202, r.body
         in_flight = r.json()["id"]
         with lock:
@@ -128,7 +128,7 @@ def test_restarts_under_load_answer_only_503_and_lose_nothing(stack):
             "pilot", "SELECT 1 FROM workflows_stepcheckpoint WHERE task_id = %s "
                      "AND name = 'write' AND state = 'running'", (in_flight,)), 60,
             interval=0.05, what="the atomic step to be in flight")
-        time.sleep(0.3)  # inside its one-second transaction
+        time.sleep(0.2)  # inside its two-second transaction
         phase[0] = "crash"
         stack.pg.stop("immediate")  # a crash: no shutdown checkpoint, connections cut
         answered_503("crash")

@@ -55,12 +55,19 @@ def mixed_requests(n: int) -> list[TriggerRequest]:
     return requests
 
 
+LONG_RUNS = ("demo.slow", "demo.sync_orders")  # ~0.6-0.9 s: a kill cannot miss them by luck
+
+
 def running_under(group, ids) -> dict:
     """{task id: lease owner} of the tasks running on a lease held by a process of
-    `group` (a worker's lease owner is "host:pid", workflows.engine.leases.worker_id)."""
+    `group` (a worker's lease owner is "host:pid", workflows.engine.leases.worker_id),
+    when one of them is a long run (an echo may end in the instant before the kill)."""
     owners = {f"{socket.gethostname()}:{pid}" for pid in group_pids(group.popen.pid)}
-    return dict(Task.objects.filter(pk__in=ids, state=S.RUNNING, lease_owner__in=owners)
-                .values_list("pk", "lease_owner"))
+    running = dict(Task.objects.filter(pk__in=ids, state=S.RUNNING, lease_owner__in=owners)
+                   .values_list("pk", "lease_owner"))
+    if not Task.objects.filter(pk__in=list(running), workflow__in=LONG_RUNS).exists():
+        return {}
+    return running
 
 
 def lease_endings(running: dict, mark: int) -> dict:
@@ -88,10 +95,17 @@ def test_repeated_sigkills_lose_nothing_and_recover_within_lease_plus_poll(owner
     fleet.dispatcher()
     workers = fleet.workers()
     requests = mixed_requests(runs)
-    wave = runs // (kills + 1)  # fresh work before every kill, so no kill finds none
+    # A kill whose tasks all committed their end in the instant before it (the
+    # statement was in flight) interrupted nothing: it does not count, and another
+    # is made — at most MISSES times.
+    MISSES = 3  # noqa: N806
+    wave = runs // (kills + MISSES + 1)  # fresh work before every kill, so none finds none
     ids = []
-    recoveries, reclaims, interrupted_per_kill = [], [], []
-    for n in range(1, kills + 1):
+    recoveries, reclaims, interrupted_per_kill, misses = [], [], [], 0
+    n = 0
+    while len(interrupted_per_kill) < kills:
+        n += 1
+        assert n <= kills + MISSES, f"{misses} kills of {n - 1} interrupted nothing"
         ids.extend(r.task.pk for r in task_trigger_many(
             owner=owner, requests=requests[(n - 1) * wave:n * wave]))
         time.sleep(rng.uniform(0.1, 1.0))
@@ -110,16 +124,18 @@ def test_repeated_sigkills_lose_nothing_and_recover_within_lease_plus_poll(owner
             lambda running=running, mark=mark: (
                 e if len(e := lease_endings(running, mark)) == len(running) else None),
             LEASE + POLL + 10, interval=0.05, what=f"kill {n}: the dispatcher to recover")
-        recoveries.append(time.monotonic() - killed_at)
         interrupted = {pk for pk, e in endings.items() if e["transition"] == "recover"}
         for pk, ending in endings.items():
             if pk not in interrupted:
                 assert ending["actor"] == f"worker:{running[pk]}", (n, pk, ending)
-        assert interrupted, f"kill {n} interrupted no running work: {endings}"
-        interrupted_per_kill.append(len(interrupted))
         # Live: while the new group works and the dispatcher recovers, every invariant
         # that holds at any moment holds now.
         assert violations(require_terminal=False, tasks=Task.objects.filter(pk__in=ids)) == []
+        if not interrupted:
+            misses += 1
+            continue
+        recoveries.append(time.monotonic() - killed_at)
+        interrupted_per_kill.append(len(interrupted))
         wait_until(lambda endings=endings, interrupted=interrupted: interrupted <= {
             pk for pk, at in TaskTransition.objects.filter(
                 task_id__in=interrupted, transition="claim").values_list("task_id", "id")
@@ -127,13 +143,14 @@ def test_repeated_sigkills_lose_nothing_and_recover_within_lease_plus_poll(owner
             interval=0.05, what=f"kill {n}: the interrupted tasks to be claimed again")
         reclaims.append(time.monotonic() - killed_at)
     ids += [r.task.pk for r in task_trigger_many(owner=owner,
-                                                 requests=requests[kills * wave:])]
+                                                 requests=requests[n * wave:])]
     assert len(ids) == runs
     wait_until(finished(ids), 240, interval=0.5, what="every task to finish")
     assert violations(tasks=Task.objects.filter(pk__in=ids)) == []
     assert set(Task.objects.filter(pk__in=ids).values_list("state", flat=True)) == {
         S.SUCCEEDED}
-    print(f"\n{kills} kills over {runs} runs, interrupting {interrupted_per_kill} tasks: "
+    print(f"\n{kills} kills over {runs} runs ({misses} more that came too late), "
+          f"interrupting {interrupted_per_kill} tasks: "
           f"recovery {[round(r, 2) for r in recoveries]} s, "
           f"claimed again {[round(r, 2) for r in reclaims]} s")
     assert max(recoveries) <= LEASE + POLL + 2
@@ -181,29 +198,29 @@ def test_a_paused_worker_has_its_late_writes_refused_after_a_takeover(owner, fle
 
 def test_a_delivery_killed_by_the_django_q2_timeout_resumes_from_its_checkpoint(owner):
     """PILOT_TASK_TIMEOUT is django-q2's `timeout`: a delivery running longer has its
-    worker process killed by the cluster. Two steps of 1.5 s under a 2 s timeout: the
-    first delivery gets one step done before the kill, the lease runs out, the
+    worker process killed by the cluster. Four steps of 1 s under a 3 s timeout: the
+    first delivery gets two or three steps done before the kill, the lease runs out, the
     dispatcher recovers the task, and the next attempt resumes after the last
     checkpoint — the task succeeds, no checkpointed step runs again."""
     fleet = Fleet(PILOT_LEASE_SECONDS=LEASE, PILOT_DISPATCHER_POLL_SECONDS=POLL,
-                  PILOT_TASK_TIMEOUT=2)
+                  PILOT_TASK_TIMEOUT=3)
     try:
         fleet.dispatcher()
         workers = fleet.workers()
         task = task_trigger(owner=owner, key="timed-out", workflow="demo.slow",
-                            payload={"steps": 2, "seconds": 1.5}).task
+                            payload={"steps": 4, "seconds": 1}).task
         wait_until(finished([task.pk]), 90, interval=0.2, what="the timed-out task")
         task.refresh_from_db()
-        assert task.state == S.SUCCEEDED and task.result == {"completed_steps": 2}
+        assert task.state == S.SUCCEEDED and task.result == {"completed_steps": 4}
         recovers = TaskTransition.objects.filter(task_id=task.pk, transition="recover")
         assert task.attempts >= 2 and recovers.count() == task.attempts - 1
         attempts = dict(StepCheckpoint.objects.filter(task_id=task.pk)
                         .values_list("name", "attempts"))
         assert attempts["s0"] == 1  # done before the first kill, never again
-        assert sum(attempts.values()) <= 2 + (task.attempts - 1)  # one redo per kill at most
+        assert sum(attempts.values()) <= 4 + (task.attempts - 1)  # one redo per kill at most
         assert violations(tasks=Task.objects.filter(pk=task.pk)) == []
         log = workers.log()  # the cluster's own doing, not a crash of ours
-        assert "Task exceeded maximum timeout value (2 seconds)" in log
+        assert "Task exceeded maximum timeout value (3 seconds)" in log
         assert log.count("after timeout") >= task.attempts - 1  # worker reincarnated
     finally:
         fleet.stop_all()
