@@ -67,6 +67,30 @@ MUTANTS = (
          "test_a_stale_token_is_refused_while_the_new_holder_writes"),
     ),
     Mutant(
+        "transition-without-fence",
+        "a transition (succeed, fail, retry, ...) no longer checks the lease token",
+        "workflows/engine/store/queries.sql",
+        (("""nothing to do for every other task).
+WITH changed AS (
+    UPDATE workflows_task SET {sets}
+     WHERE id = %(task_id)s AND lease_token = %(token)s""", """nothing to do for every other task).
+WITH changed AS (
+    UPDATE workflows_task SET {sets}
+     WHERE id = %(task_id)s"""),),
+        ("tests/engine/test_fencing.py::"
+         "test_every_write_of_a_running_worker_is_refused_after_every_token_change",),
+    ),
+    Mutant(
+        "recover-live-leases",
+        "the dispatcher recovers leases a minute before they expire",
+        "workflows/engine/dispatcher.py",
+        (("Task.objects.filter(state=TaskState.RUNNING, lease_expires_at__lt=now)",
+          "Task.objects.filter(state=TaskState.RUNNING, "
+          "lease_expires_at__lt=now + timedelta(seconds=60))"),),
+        ("tests/engine/test_dispatcher.py::"
+         "test_an_expired_lease_is_recovered_and_the_lost_attempt_counts",),
+    ),
+    Mutant(
         "skip-on-conflict",
         "a trigger's INSERT loses ON CONFLICT DO NOTHING (the key dedupe)",
         "workflows/engine/store/queries.sql",
@@ -257,7 +281,9 @@ def main(argv=None) -> int:
 
     print("\n| mutant | bug | killed? | caught by |\n|---|---|---|---|")
     for mutant, verdict, failed, took in rows:
-        caught = "<br>".join(f"`{f}`" for f in failed) or "—"
+        caught = "<br>".join(f"`{f}`" for f in failed[:4]) or "—"
+        if len(failed) > 4:
+            caught += f"<br>and {len(failed) - 4} more"
         print(f"| `{mutant.name}` | {mutant.bug} ({mutant.path}) | {verdict} ({took:.0f} s) "
               f"| {caught} |")
     return 1 if survived or broken else 0
