@@ -4,7 +4,7 @@ BENCH_VENV := bench/.venv
 PY     := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: run test test-sqlite test-model test-main lint check audit bench bench-cleanup bench-admin bench-tracing clean chromium promtool lock
+.PHONY: run test test-sqlite test-model test-main test-pg-orm-broker mutate lint check audit bench bench-cleanup bench-admin bench-tracing clean chromium promtool lock
 
 # Installs come from the lock files: every pin of requirements*.txt with the hash of
 # every file PyPI has for it, checked by pip (--require-hashes). `make lock` renews
@@ -87,11 +87,36 @@ test-model: $(VENV)/.installed-dev
 	  *) echo "DATABASE_URL is not PostgreSQL: the engine model runs in the SQLite pass only";; \
 	esac
 
+## test-main: everything on PostgreSQL (and Redis). Without a PostgreSQL DATABASE_URL
+## it says so and succeeds -- unless PILOT_REQUIRE_POSTGRES=1 (CI, .ci/run), where not
+## running the PostgreSQL tests is a failure, not a pass.
 test-main: $(VENV)/.installed-dev chromium
 	@case "$$DATABASE_URL" in \
 	  postgres*) $(PY) -m pytest -q $${PILOT_MODEL_APART:+--deselect $(MODEL_TEST)} ;; \
-	  *) echo "DATABASE_URL is not PostgreSQL: PostgreSQL/Redis tests not run (CI runs them)";; \
+	  *) if [ "$${PILOT_REQUIRE_POSTGRES:-}" = 1 ]; then \
+	       echo "PILOT_REQUIRE_POSTGRES=1 but DATABASE_URL is not PostgreSQL: PostgreSQL/Redis tests cannot run" >&2; \
+	       exit 1; \
+	     fi; \
+	     echo "DATABASE_URL is not PostgreSQL: PostgreSQL/Redis tests not run (CI runs them)";; \
 	esac
+
+## test-pg-orm-broker: the engine and concurrency tests on PostgreSQL with the ORM
+## broker (REDIS_URL unset: messages are rows in the same database, written in the
+## trigger's transaction) -- the combination `make test` does not run (it runs
+## SQLite+ORM and PostgreSQL+Redis). ~4 minutes; not part of `make test`.
+test-pg-orm-broker: $(VENV)/.installed-dev
+	@case "$$DATABASE_URL" in postgres*) ;; \
+	  *) echo "test-pg-orm-broker needs DATABASE_URL=postgres://..." >&2; exit 1;; esac
+	env -u REDIS_URL -u PILOT_REQUIRE_POSTGRES \
+		$(PY) -m pytest -q -m "not redis and not slow" tests/engine tests/concurrency
+
+## mutate: the mutation check, not part of `make test` (docs/testing.md): eight
+## deliberate engine bugs, one at a time, each in a `git archive HEAD` copy (the
+## working tree is never written), each against its named tests on PostgreSQL and
+## Redis (DATABASE_URL, REDIS_URL); prints mutant -> killed? -> caught by, and fails
+## if any survives. A few minutes.
+mutate: $(VENV)/.installed-dev
+	$(PY) -m tests.mutations.run
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

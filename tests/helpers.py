@@ -92,10 +92,16 @@ def pop_queued_messages() -> list[tuple[str, str]]:
     return [(m["func"], m["args"][0]) for m in map(SignedPackage.loads, packages)]
 
 
-def drain(until=None, *, timeout: float = 15.0, dispatch: bool = True) -> None:
+def drain(until=None, *, timeout: float = 15.0, dispatch: bool = True,
+          resend_ok: bool = False) -> None:
     """Play worker and dispatcher in this process: run every queued message
     through the real worker entry point, run a dispatcher pass, repeat until
-    `until()` holds (or, without `until`, until nothing is queued or due)."""
+    `until()` holds (or, without `until`, until nothing is queued or due).
+
+    A dispatcher pass that had to send a pending task's message again (its
+    message was lost, PILOT_REENQUEUE_SECONDS) fails the drain unless the test
+    lost it on purpose (`resend_ok`): otherwise the 10 s safety net would hide
+    a broken enqueue behind a slower pass."""
     import time
 
     from workflows.engine.dispatcher import dispatch_once
@@ -110,6 +116,9 @@ def drain(until=None, *, timeout: float = 15.0, dispatch: bool = True) -> None:
         for func, arg in messages:
             (deliver_webhook if func.endswith("deliver_webhook") else run_task)(arg)
         report = dispatch_once() if dispatch else None
+        if report is not None and report.reenqueued and not resend_ok:
+            raise AssertionError(f"the dispatcher re-sent {report.reenqueued} lost task "
+                                 "message(s) during drain(): an enqueue is broken")
         if until is not None:
             if until():
                 return

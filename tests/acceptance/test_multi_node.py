@@ -211,7 +211,14 @@ def test_a_postgresql_restart_mid_run_loses_nothing_and_processes_reconnect(priv
 
     wait_until(lambda: count("state = 'succeeded'") >= TASKS // 5, 120, interval=0.2,
                what="a fifth of the tasks to finish")
+    wait_until(lambda: count("state = 'running'") > 0, 30, interval=0.01,
+               what="a task in flight to crash under")
     done_before = count("state = 'succeeded'")
+    # What was done when the crash came: these steps must never run again.
+    checkpointed = {(task, name): attempts for task, name, attempts in pg.query(
+        "pilot", "SELECT task_id, name, attempts FROM workflows_stepcheckpoint "
+                 "WHERE state = 'succeeded'")}
+    in_flight_before = count("state = 'running'")
     outage_started = time.monotonic()
     pg.stop("immediate")  # a crash: connections cut, no shutdown checkpoint
     during = []
@@ -219,7 +226,9 @@ def test_a_postgresql_restart_mid_run_loses_nothing_and_processes_reconnect(priv
         during.append(check_api_during_outage(port))
         time.sleep(0.25)
     pg.start()
+    [(restarted_at,)] = pg.query("pilot", "SELECT statement_timestamp()")
     outage = time.monotonic() - outage_started
+    assert done_before < TASKS and in_flight_before > 0  # the crash came mid-run
     assert [1, 0] == [1, min(up for _, up in during)]  # the scrape saw the database down
 
     def finished():
@@ -235,13 +244,33 @@ def test_a_postgresql_restart_mid_run_loses_nothing_and_processes_reconnect(priv
     assert wrong == []  # every atomic write exactly once
     assert pg.query("pilot", "SELECT count(DISTINCT batch) FROM workflows_demoorder") == \
         [(TASKS,)]
-    reruns = pg.query("pilot", "SELECT count(*) FROM workflows_stepcheckpoint "
-                               "WHERE attempts > 1")[0][0]
+    rerun_steps = pg.query(
+        "pilot", "SELECT s.task_id, s.name, s.attempts, t.attempts, "
+                 "       (SELECT min(at) FROM workflows_tasktransition c "
+                 "         WHERE c.task_id = t.id AND c.transition = 'claim') "
+                 "  FROM workflows_stepcheckpoint s JOIN workflows_task t ON t.id = s.task_id "
+                 " WHERE s.attempts > 1")
+    reruns = len(rerun_steps)
     extra_attempts = pg.query("pilot", "SELECT coalesce(sum(attempts - 1), 0) "
                                        "FROM workflows_task")[0][0]
+    # Only work in flight at the crash ran again: no step checkpointed before it, at
+    # most the one step each task was in, each in a task claimed before the restart,
+    # and each re-run is a further attempt of its task.
+    after = {(task, name): attempts for task, name, attempts in pg.query(
+        "pilot", "SELECT task_id, name, attempts FROM workflows_stepcheckpoint")}
+    assert {k: after[k] for k in checkpointed} == checkpointed
+    per_task = {}
+    for task_id, name, step_attempts, task_attempts, first_claim in rerun_steps:
+        per_task.setdefault(task_id, []).append(name)
+        assert first_claim < restarted_at, (task_id, name, first_claim, restarted_at)
+        assert step_attempts <= task_attempts, (task_id, name, step_attempts, task_attempts)
+    assert [names for names in per_task.values() if len(names) > 1] == []
+    assert reruns <= extra_attempts
     assert check_api_during_outage(port) == [200, 1]
     (ARTIFACTS / "multi-node-pg-restart.json").write_text(json.dumps(
         {"tasks": TASKS, "succeeded_before_crash": done_before, "outage_seconds": round(outage, 1),
-         "steps_run_again": reruns, "extra_task_attempts": int(extra_attempts)}))
-    print(f"\nPostgreSQL crash after {done_before}/{TASKS} tasks, down {outage:.1f}s: all "
+         "running_at_crash": in_flight_before, "steps_run_again": reruns,
+         "extra_task_attempts": int(extra_attempts)}))
+    print(f"\nPostgreSQL crash after {done_before}/{TASKS} tasks ({in_flight_before} running), "
+          f"down {outage:.1f}s: all "
           f"succeeded; {reruns} step(s) ran again, {extra_attempts} extra attempt(s)")

@@ -71,7 +71,10 @@ def documented_refusal(case) -> bool:
 
 @schema.parametrize()
 @hypothesis_settings(max_examples=40, deadline=None, derandomize=True,
-                     suppress_health_check=list(HealthCheck))
+                     # One API token per test, shared by its examples (intended);
+                     # a database round trip per example is not slow generation.
+                     suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                            HealthCheck.too_slow])
 def test_every_operation_conforms_and_never_fails_with_5xx(case, token):
     excluded = [positive_data_acceptance] if documented_refusal(case) else None
     # Each generated request starts from the same database: a key used by one

@@ -4,11 +4,14 @@ back, nothing else runs), then the lease runs out, the dispatcher recovers the
 task and a new delivery resumes it."""
 
 import uuid
+from datetime import timedelta
 
 import pytest
 
 from tests.helpers import drain, expire_lease, pop_queued
 from workflows.engine import faults
+from workflows.engine.leases import lease_length
+from workflows.engine.store import store
 from workflows.engine.triggers import task_trigger
 from workflows.models import DemoOrder, StepCheckpoint, Task, TaskTransition
 from workflows.states import TaskState as S
@@ -97,12 +100,31 @@ def test_crash_during_lease_renewal_loses_only_the_renewal(owner):
                         payload={"steps": 2, "seconds": 0.3}).task
     from django.test import override_settings
 
-    with override_settings(PILOT_HEARTBEAT_SECONDS=0.1):
+    at_the_point = {}
+
+    def look():  # the worker is at the point: what the database holds right then
+        row = Task.objects.get(pk=task.pk)
+        at_the_point.update(lease=row.lease_expires_at, token=row.lease_token,
+                            held=row.lease_expires_at - store().db_now(),
+                            s0=StepCheckpoint.objects.get(task_id=task.pk, name="s0").state)
+
+    with override_settings(PILOT_HEARTBEAT_SECONDS=0.1), \
+            faults.on("during_lease_renewal", look):
         task = crash_once("during_lease_renewal", task)
-        before = task.lease_expires_at
+        # A renewal was due (a heartbeat interval since the last lease write) and not yet
+        # sent: the lease left is at most the lease length less that interval.
+        assert at_the_point["held"] <= lease_length() - timedelta(seconds=0.1)
+        assert at_the_point["s0"] == "running"
+        # ... and never sent: the lease is as it was at the point, the token the same.
+        assert (task.state, task.attempts) == (S.RUNNING, 1)
+        assert task.lease_expires_at == at_the_point["lease"]
+        assert task.lease_token == at_the_point["token"]
         task = recover_and_finish(task)
-    assert before is not None
+    # Only the renewal (and the step it interrupted) was lost: s0 ran again, s1 once.
     assert (task.state, task.result) == (S.SUCCEEDED, {"completed_steps": 2})
+    assert (task.attempts, step_attempts(task)) == (2, {"s0": 2, "s1": 1})
+    assert list(TaskTransition.objects.filter(task_id=task.pk).order_by("id")
+                .values_list("transition", flat=True)) == ["claim", "recover", "claim", "succeed"]
 
 
 def test_crash_after_finishing_before_the_ack_makes_the_redelivery_a_no_op(sync):

@@ -74,10 +74,13 @@ def test_due_retries_are_enqueued_once_and_not_before_they_are_due(start, temp_w
 
     task = start("test.backoff")
     drain(lambda: Task.objects.get(pk=task.pk).state == S.RETRYING)
+    # Full jitter could draw a delay near 0: pin the retry an hour out so "not yet due"
+    # holds whatever was drawn.
+    Task.objects.filter(pk=task.pk).update(next_attempt_at=timezone.now() + timedelta(hours=1))
+    assert dispatch_once().retries_enqueued == 0
+    assert queued_task_ids() == []
     task.refresh_from_db()
-    if task.next_attempt_at > timezone.now():
-        assert dispatch_once().retries_enqueued == 0
-        assert queued_task_ids() == []
+    assert (task.state, task.attempts) == (S.RETRYING, 1)
     Task.objects.filter(pk=task.pk).update(next_attempt_at=timezone.now() - timedelta(seconds=1))
     assert dispatch_once().retries_enqueued == 1
     assert dispatch_once().retries_enqueued == 0  # already enqueued for this due time
@@ -86,14 +89,37 @@ def test_due_retries_are_enqueued_once_and_not_before_they_are_due(start, temp_w
     assert Task.objects.get(pk=task.pk).result == "ok"
 
 
+@pytest.mark.redis
+def test_due_retries_go_ahead_of_a_backlog_of_new_triggers(start):
+    """Work already under way does not wait behind new work: the dispatcher puts a
+    due retry's message at the front of the Redis queue."""
+    first, second = start(), start()
+    pop_queued()
+    for task in (first, second):
+        assert task_claim(task_id=task.pk, worker="dead") is not None
+        expire_lease(task.pk)
+    assert dispatch_once().recovered == 2
+    backlog = [start() for _ in range(3)]  # queued after the recovery, in order
+    Task.objects.filter(pk=first.pk).update(next_attempt_at=timezone.now() - timedelta(2))
+    Task.objects.filter(pk=second.pk).update(next_attempt_at=timezone.now() - timedelta(1))
+    assert dispatch_once().retries_enqueued == 2
+    queued = queued_task_ids()
+    assert sorted(queued[:2]) == sorted([str(first.pk), str(second.pk)])
+    assert queued[2:] == [str(t.pk) for t in backlog]
+
+
 def test_the_next_due_retry_is_reported_so_the_loop_can_wake_for_it(start, temp_workflow):
     wf = temp_workflow("test.soon", max_attempts=2, backoff_initial=3600, backoff_max=3600)
     wf.add_step("boom", lambda ctx: (_ for _ in ()).throw(RetryableError("x")))
     task = start("test.soon")
     drain(lambda: Task.objects.get(pk=task.pk).state == S.RETRYING)
-    due = Task.objects.get(pk=task.pk).next_attempt_at
+    # Pinned in the future (full jitter could draw ~0 s), so it is still pending when
+    # dispatch_once looks: the report must name exactly that instant.
+    due = timezone.now() + timedelta(minutes=30)
+    Task.objects.filter(pk=task.pk).update(next_attempt_at=due)
     report = dispatch_once()
-    assert report.next_due == due or due <= timezone.now()
+    assert report.retries_enqueued == 0
+    assert report.next_due == due
 
 
 def _waited(task, seconds):
@@ -111,6 +137,16 @@ def test_a_pending_task_whose_message_was_lost_is_enqueued_again(start, settings
     assert dispatch_once().reenqueued == 1
     assert dispatch_once().reenqueued == 0
     assert queued_task_ids() == [str(task.pk)]
+
+
+def test_drain_does_not_let_the_resend_hide_a_lost_message(start, settings):
+    task = start()
+    pop_queued()  # the message is lost, as with a broken enqueue
+    _waited(task, settings.PILOT_REENQUEUE_SECONDS + 1)
+    with pytest.raises(AssertionError, match="re-sent 1 lost task message"):
+        drain(lambda: Task.objects.get(pk=task.pk).is_finished)
+    drain(lambda: Task.objects.get(pk=task.pk).is_finished, resend_ok=True)
+    assert Task.objects.get(pk=task.pk).state == S.SUCCEEDED
 
 
 def test_a_task_queued_behind_others_gets_no_second_message(start, settings):

@@ -148,13 +148,26 @@ def test_a_retry_is_not_claimed_before_it_is_due(start, temp_workflow):
             raise RetryableError("first time fails")
         return "ok"
 
+    before = timezone.now()
     task = start("test.later", {})
     drain(lambda: Task.objects.get(pk=task.pk).state == S.RETRYING)
     task.refresh_from_db()
-    assert task.next_attempt_at > timezone.now() - timedelta(seconds=1)
-    if task.next_attempt_at > timezone.now():
-        assert task_claim(task_id=task.pk, worker="eager") is None
-        assert run_task(str(task.pk)) == "skipped"
+    # Full jitter: the retry is due anywhere in [0, 30] s after the failure.
+    assert before - timedelta(seconds=1) < task.next_attempt_at
+    assert task.next_attempt_at < timezone.now() + timedelta(seconds=31)
+    # Pin it well in the future so "not yet due" does not depend on the jitter drawn.
+    Task.objects.filter(pk=task.pk).update(
+        next_attempt_at=timezone.now() + timedelta(seconds=60))
+    assert task_claim(task_id=task.pk, worker="eager") is None
+    assert run_task(str(task.pk)) == "skipped"
+    task.refresh_from_db()
+    assert (task.state, task.attempts, task.lease_owner) == (S.RETRYING, 1, "")
+    # Once due, the same claim goes through: what refused it above was the time alone.
+    Task.objects.filter(pk=task.pk).update(
+        next_attempt_at=timezone.now() - timedelta(seconds=1))
+    assert task_claim(task_id=task.pk, worker="on-time") is not None
+    task.refresh_from_db()
+    assert (task.state, task.attempts, task.lease_owner) == (S.RUNNING, 2, "on-time")
 
 
 # --- resume, fencing, classification --------------------------------------------------------

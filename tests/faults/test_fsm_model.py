@@ -182,4 +182,6 @@ class TaskMachine(RuleBasedStateMachine):
 def test_the_task_state_machine_matches_its_model():
     run_state_machine_as_test(TaskMachine, settings=settings(
         max_examples=60, stateful_step_count=25, deadline=None, derandomize=True,
-        suppress_health_check=list(HealthCheck)))
+        # The database makes a step slow; that is not slow data generation. Every
+        # other health check stays on.
+        suppress_health_check=[HealthCheck.too_slow]))

@@ -4,6 +4,7 @@ worker processes, on PostgreSQL. Each ends with the invariant checker."""
 import random
 import socket
 import threading
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -24,7 +25,7 @@ def fleet():
     fleet = Fleet(PILOT_LEASE_SECONDS=3, PILOT_DISPATCHER_POLL_SECONDS=0.2)
     fleet.dispatcher()
     fleet.workers()
-    _, fleet.url = fleet.web()
+    fleet.web_proc, fleet.url = fleet.web()
     yield fleet
     fleet.stop_all()
 
@@ -38,7 +39,13 @@ def test_a_duplicate_storm_with_impatient_clients_runs_each_key_once(fleet):
     rng = random.Random(7)
     observed = Observed()
     lock = threading.Lock()
-    plan = [(f"storm-{i}", [rng.uniform(0.05, 0.5) for _ in range(5)]) for i in range(1000)]
+    answers = defaultdict(list)  # key -> [(replayed, task id)] of the answers that arrived
+    keys = [f"storm-{i}" for i in range(1000)]
+    # Every fourth key is also sent by a second client at the same time: duplicates the
+    # server must answer as replays, on top of the impatient clients' own retries.
+    plan = [(key, [rng.uniform(0.05, 0.5) for _ in range(5)])
+            for key in keys + keys[::4]]
+    rng.shuffle(plan)
 
     def send(key, timeouts):
         for timeout in timeouts:
@@ -53,6 +60,9 @@ def test_a_duplicate_storm_with_impatient_clients_runs_each_key_once(fleet):
                     observed.server_errors.append(f"{r.status} {key}")
                 elif r.status in (200, 202):
                     observed.acknowledged[(user.pk, key)] = r.json()["id"]
+                    replayed = {k.lower(): v for k, v in r.headers.items()}.get(
+                        "idempotent-replayed")
+                    answers[key].append((replayed, r.status, r.json()["id"]))
             return
 
     with ThreadPoolExecutor(20) as pool:
@@ -61,6 +71,21 @@ def test_a_duplicate_storm_with_impatient_clients_runs_each_key_once(fleet):
     assert violations(observed) == []
     assert len(observed.acknowledged) > 500  # most keys got an answer in 5 tries
     assert Task.objects.count() <= 1000
+    # The duplicates reached the server and were answered as replays of the one task:
+    # per key one task id, at most one "created" answer (202, not replayed), every
+    # other answer a 200 marked Idempotent-Replayed: true.
+    replays = 0
+    for key, seen in answers.items():
+        assert len({task_id for _, _, task_id in seen}) == 1, (key, seen)
+        created = [a for a in seen if a[:2] == ("false", 202)]
+        assert len(created) <= 1, (key, seen)
+        assert all(a[:2] in (("false", 202), ("true", 200)) for a in seen), (key, seen)
+        replays += sum(1 for a in seen if a[0] == "true")
+    assert replays >= 50, f"only {replays} replayed answers arrived"
+    posts = fleet.web_proc.log().count('"POST /api/v1/tasks HTTP/1.1"')
+    assert posts >= Task.objects.count() + replays, (posts, replays)
+    print(f"\nstorm: {sum(len(a) for a in answers.values())} answers for "
+          f"{Task.objects.count()} tasks, {replays} replays answered, {posts} POSTs served")
     # Zero duplicate executions: every task ran its step exactly once.
     assert set(Task.objects.values_list("attempts", flat=True)) == {1}
     assert set(StepCheckpoint.objects.values_list("attempts", flat=True)) == {1}

@@ -59,6 +59,9 @@ def test_restarts_under_load_answer_only_503_and_lose_nothing(stack):
     acknowledged: list = []
     stop = threading.Event()
     lock = threading.Lock()
+    phase = ["warm-up"]  # which fault window an answer fell in
+    by_phase: dict[str, Counter] = {p: Counter() for p in
+                                     ("warm-up", "restart", "between", "crash", "after")}
 
     def client(n: int):
         # Paced and bounded (a few hundred tasks in all): enough to be mid-flight
@@ -79,6 +82,7 @@ def test_restarts_under_load_answer_only_503_and_lose_nothing(stack):
                     continue
                 with lock:
                     statuses[r.status] += 1
+                    by_phase[phase[0]][r.status] += 1
                 if r.status in (200, 202):
                     with lock:
                         acknowledged.append((key, r.json()["id"]))
@@ -90,14 +94,47 @@ def test_restarts_under_load_answer_only_503_and_lose_nothing(stack):
     threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
     for t in threads:
         t.start()
+    def acked() -> int:
+        with lock:
+            return len(acknowledged)
+
+    def more_acknowledged(n: int, what: str):
+        start = acked()
+        wait_until(lambda: acked() >= start + n, 90, interval=0.05,
+                   what=f"{n} more tasks acknowledged {what}")
+
+    def answered_503(window: str):
+        wait_until(lambda: by_phase[window][503] > 0, 30, interval=0.05,
+                   what=f"a 503 in the {window} window")
+
     try:
-        time.sleep(3)
+        more_acknowledged(10, "before the restart")
+        phase[0] = "restart"
         stack.pg.restart("fast")
-        time.sleep(5)
+        answered_503("restart")  # the restart was seen by the clients
+        phase[0] = "between"
+        more_acknowledged(10, "after the restart")
+        # Atomic work in flight when the database crashes: a task whose atomic
+        # `write` holds its transaction open (sleeping inside it) for two seconds.
+        r = request(stack.url, "POST", "/api/v1/tasks", token=stack.token,
+                    headers={"Idempotency-Key": "in-flight"}, timeout=15,
+                    body={"workflow": "demo.sync_orders",
+                          "payload": {"batch": "in-flight", "count": 20, "step_seconds": 2}})
+        assert r.status == 202, r.body
+        in_flight = r.json()["id"]
+        with lock:
+            acknowledged.append(("in-flight", in_flight))
+        wait_until(lambda: stack.pg.query(
+            "pilot", "SELECT 1 FROM workflows_stepcheckpoint WHERE task_id = %s "
+                     "AND name = 'write' AND state = 'running'", (in_flight,)), 60,
+            interval=0.05, what="the atomic step to be in flight")
+        time.sleep(0.2)  # inside its two-second transaction
+        phase[0] = "crash"
         stack.pg.stop("immediate")  # a crash: no shutdown checkpoint, connections cut
-        time.sleep(2)
+        answered_503("crash")
         stack.pg.start()
-        time.sleep(4)
+        phase[0] = "after"
+        more_acknowledged(10, "after the crash")
     finally:
         stop.set()
         for t in threads:
@@ -112,7 +149,7 @@ def test_restarts_under_load_answer_only_503_and_lose_nothing(stack):
 
     wait_until(finished, 180, interval=0.5, what="every task to finish after the restarts")
     assert set(statuses) <= {200, 202, 503, "no answer"}, statuses
-    assert statuses[503] > 0  # the outages were seen, and answered properly
+    assert by_phase["restart"][503] > 0 and by_phase["crash"][503] > 0, by_phase
     assert statuses["no answer"] == 0, statuses  # gunicorn itself never went away
     owner_id = stack.pg.query("pilot", "SELECT id FROM auth_user WHERE username='upstream'")[0][0]
     ack_file = ROOT / "test-artifacts" / "pg-restart-acknowledged.json"
@@ -124,4 +161,13 @@ def test_restarts_under_load_answer_only_503_and_lose_nothing(stack):
     states = dict(stack.pg.query("pilot", "SELECT state, count(*) FROM workflows_task "
                                           "GROUP BY 1"))
     assert set(states) == {"succeeded"} and states["succeeded"] >= len(acknowledged) > 20
-    print(f"\n{len(acknowledged)} tasks acknowledged across two restarts; answers {dict(statuses)}")
+    # The crash interrupted the atomic step: it ran again, and its rows landed once.
+    [(write_attempts,)] = stack.pg.query(
+        "pilot", "SELECT attempts FROM workflows_stepcheckpoint WHERE task_id = %s "
+                 "AND name = 'write'", (in_flight,))
+    assert write_attempts >= 2
+    assert stack.pg.query("pilot", "SELECT count(*) FROM workflows_demoorder "
+                                   "WHERE batch = 'in-flight'") == [(20,)]
+    print(f"\n{len(acknowledged)} tasks acknowledged across two restarts; answers "
+          f"{ {p: dict(c) for p, c in by_phase.items()} }; the in-flight atomic step ran "
+          f"{write_attempts} times")

@@ -182,15 +182,36 @@ def _row_for(state, now):
     }[state]
 
 
+# What a written state may replace, spelled out here rather than read from
+# states.STEP_OVERWRITES: the test's own oracle, so a wrong entry in the engine's
+# table (say, `failed` over `succeeded`) is a failure, not the new expectation.
+MAY_REPLACE = {
+    "running": {"pending", "running", "failed"},
+    "succeeded": {"pending", "running", "failed"},
+    "failed": {"pending", "running", "failed"},
+    "compensating": {"succeeded", "compensating"},
+    "compensated": {"succeeded", "compensating"},
+    "compensation_failed": {"succeeded", "compensating"},
+}
+
+
+def test_the_engine_table_is_the_one_the_tests_spell_out():
+    assert {k: set(v) for k, v in STEP_OVERWRITES.items()} == MAY_REPLACE
+
+
 @pytest.mark.parametrize("stored, written", list(itertools.product(
     StepState.values, [s for s in StepState.values if s != StepState.PENDING])))
 def test_a_step_row_only_moves_forward(any_store, held, stored, written):
-    """states.STEP_OVERWRITES, enforced by the upsert itself: a succeeded step is
-    never downgraded, a finished compensation never redone."""
+    """Enforced by the upsert itself: a succeeded step is never downgraded (only its
+    compensation replaces it), a finished compensation never redone."""
     _store_step(held.task.pk, stored)
     any_store.write_steps(held.lease, [_row_for(written, held.db_now)])
     now = StepCheckpoint.objects.get(task_id=held.task.pk, index=0).state
-    assert now == (written if stored in STEP_OVERWRITES[written] else stored)
+    assert now == (written if stored in MAY_REPLACE[written] else stored)
+    if stored == "succeeded" and not written.startswith("compensat"):
+        assert now == "succeeded"
+    if stored in ("compensated", "compensation_failed"):
+        assert now == stored
 
 
 def test_a_new_step_row_is_inserted_and_an_upsert_keeps_what_it_does_not_say(any_store, held):
