@@ -9,4 +9,4 @@ from bench.settings import *  # noqa: F403
 Q_CLUSTER = {key: Q_CLUSTER[key] for key in ("name", "workers", "orm", "redis")  # noqa: F405
              if key in Q_CLUSTER}  # noqa: F405
 # PILOT's checks guard PILOT's cluster; this one is deliberately django-q2's own.
-SILENCED_SYSTEM_CHECKS = ["pilot.E001", "pilot.E002", "pilot.E003"]
+SILENCED_SYSTEM_CHECKS = ["pilot.E001", "pilot.E002", "pilot.E003", "pilot.E008", "pilot.W008"]

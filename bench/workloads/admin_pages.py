@@ -81,14 +81,14 @@ def seed(n: int, owners: list[int]) -> None:
                        [owners, len(owners), n, n])
         cursor.execute("""
             INSERT INTO workflows_stepcheckpoint (task_id, index, name, state, output, progress,
-                attempts, error, started_at, finished_at)
+                attempts, compensable, compensation_attempts, error, started_at, finished_at)
             SELECT t.id, k, 'step' || k,
                    CASE WHEN t.state = 'succeeded' OR k < 1 THEN 'succeeded'
                         WHEN t.state IN ('running', 'cancelling') AND k = 1 THEN 'running'
                         ELSE 'pending' END,
                    CASE WHEN t.state = 'succeeded' OR k < 1
                         THEN jsonb_build_object('rows', k * 10) END,
-                   NULL, 1, '', t.started_at + k * interval '1 s',
+                   NULL, 1, false, 0, '', t.started_at + k * interval '1 s',
                    CASE WHEN t.state = 'succeeded' OR k < 1
                         THEN t.started_at + (k + 1) * interval '1 s' END
             FROM workflows_task t, generate_series(0, 2) AS k""")

@@ -45,9 +45,18 @@ def main() -> None:
         cursor.execute("CHECKPOINT")  # full-page images start from the same place on both sides
     owner = pilotdb.owner()
     prefix = f"wal-{uuid.uuid4().hex[:8]}-"
+    # A temporary physical replication slot, held by a connection of its own for
+    # the whole measurement, keeps the server from recycling the WAL segments
+    # before they are read (other databases' traffic — a CI run beside the
+    # bench — can fill and recycle segments within a minute). It goes away with
+    # that connection, also if this process dies.
+    holder = _hold_wal(f"pilot_bench_wal_{uuid.uuid4().hex[:12]}")
     start = _lsn()
-    outcomes = task_trigger_many(owner=owner, requests=[
-        TriggerRequest("test.noop3", {"run": i}, f"{prefix}{i}") for i in range(args.runs)])
+    outcomes = []
+    for first in range(0, args.runs, 1000):  # a batch holds at most 1 000 tasks
+        outcomes += task_trigger_many(owner=owner, requests=[
+            TriggerRequest("test.noop3", {"run": i}, f"{prefix}{i}")
+            for i in range(first, min(first + 1000, args.runs))])
     triggered = _lsn()
     for outcome in outcomes:
         run_task(str(outcome.task.pk))
@@ -57,7 +66,21 @@ def main() -> None:
         raise RuntimeError(f"{done}/{args.runs} runs succeeded")
     emit_result({"runs": args.runs, "trigger": _breakdown(start, triggered, args.runs),
                  "run": _breakdown(triggered, ran, args.runs)})
+    holder.close()
     pilotdb.reset()
+
+
+def _hold_wal(slot: str):
+    import psycopg
+    from django.db import connection
+
+    settings = connection.settings_dict
+    holder = psycopg.connect(dbname=settings["NAME"], user=settings["USER"] or None,
+                             password=settings["PASSWORD"] or None,
+                             host=settings["HOST"] or None, port=settings["PORT"] or None,
+                             autocommit=True)
+    holder.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", [slot])
+    return holder
 
 
 def _lsn() -> str:
