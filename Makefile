@@ -110,7 +110,7 @@ test-pg-orm-broker: $(VENV)/.installed-dev
 	env -u REDIS_URL -u PILOT_REQUIRE_POSTGRES \
 		$(PY) -m pytest -q -m "not redis and not slow" tests/engine tests/concurrency
 
-## mutate: the mutation check, not part of `make test` (docs/testing.md): eight
+## mutate: the mutation check, not part of `make test` (docs/testing.md): eleven
 ## deliberate engine bugs, one at a time, each in a `git archive HEAD` copy (the
 ## working tree is never written), each against its named tests on PostgreSQL and
 ## Redis (DATABASE_URL, REDIS_URL); prints mutant -> killed? -> caught by, and fails
