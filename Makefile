@@ -44,13 +44,7 @@ run: $(VENV)/.installed
 ## test: the whole suite. Always on SQLite; then, when DATABASE_URL points at
 ## PostgreSQL (and REDIS_URL at Redis), everything again there, including the
 ## races and real-process tests that only PostgreSQL can prove.
-## The engine model's 2 000 PostgreSQL examples (~7 min of one core) run beside the
-## SQLite pass (another database, the other core) instead of inside the PostgreSQL
-## pass, which then leaves them out (PILOT_MODEL_APART): the suite's wall time stays
-## within CI's 20-minute budget.
-test: $(VENV)/.installed-dev chromium promtool lint check
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-sqlite test-model
-	@PILOT_MODEL_APART=1 $(MAKE) --no-print-directory test-main
+test: $(VENV)/.installed-dev chromium promtool lint check test-sqlite test-main
 
 ## chromium: Debian's browser, which the admin's browser test drives through Playwright
 ## (Playwright's own browser download cannot work here), installed when missing.
@@ -80,7 +74,8 @@ test-sqlite: $(VENV)/.installed-dev
 
 MODEL_TEST := tests/faults/test_engine_model.py::test_the_engine_keeps_its_promises_under_any_interleaving
 
-## test-model: the engine model alone on PostgreSQL (PILOT_MODEL_EXAMPLES, 2 000 by default).
+## test-model: the engine model alone on PostgreSQL (PILOT_MODEL_EXAMPLES, 2 000 by
+## default, ~10 minutes; make test runs it inside the PostgreSQL pass).
 test-model: $(VENV)/.installed-dev
 	@case "$$DATABASE_URL" in \
 	  postgres*) $(PY) -m pytest -q $(MODEL_TEST) ;; \
@@ -92,7 +87,7 @@ test-model: $(VENV)/.installed-dev
 ## running the PostgreSQL tests is a failure, not a pass.
 test-main: $(VENV)/.installed-dev chromium
 	@case "$$DATABASE_URL" in \
-	  postgres*) $(PY) -m pytest -q $${PILOT_MODEL_APART:+--deselect $(MODEL_TEST)} ;; \
+	  postgres*) $(PY) -m pytest -q ;; \
 	  *) if [ "$${PILOT_REQUIRE_POSTGRES:-}" = 1 ]; then \
 	       echo "PILOT_REQUIRE_POSTGRES=1 but DATABASE_URL is not PostgreSQL: PostgreSQL/Redis tests cannot run" >&2; \
 	       exit 1; \
