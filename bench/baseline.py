@@ -42,6 +42,8 @@ def tree() -> Path:
     shutil.copytree(ROOT / "bench", TREE / "bench",
                     ignore=shutil.ignore_patterns("out", ".venv", "__pycache__"))
     (TREE / ".venv").symlink_to(ROOT / ".venv")
+    # The peers' virtualenv too: py-spy, for the baseline's profile, lives there.
+    (TREE / "bench" / ".venv").symlink_to(ROOT / "bench" / ".venv")
     marker.write_text(stamp)
     return TREE
 
