@@ -59,6 +59,9 @@ def pilot_env(broker: str, **overrides) -> dict:
         "PILOT_BENCH_ENDPOINTS": "true",
         # The throttle still counts every trigger; the limit just never bites.
         "PILOT_TRIGGER_RATE": "1000000000/min",
+        # One client is the whole workload, as in the peers' runs: the per-client
+        # cap (fairness between clients; default workers - 1) would idle a worker.
+        "PILOT_MAX_RUNNING_PER_CLIENT": "0",
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": str(ROOT),
     })

@@ -252,6 +252,11 @@ PILOT_PG_PREPARED = env_bool("PILOT_PG_PREPARED", True)
 # A pending task unclaimed this long is enqueued again (its message may be lost).
 PILOT_REENQUEUE_SECONDS = env_float("PILOT_REENQUEUE_SECONDS", 10.0, minimum=0.5)
 PILOT_Q_WORKERS = env_int("PILOT_Q_WORKERS", 2, minimum=1)
+# Fair shares (docs/design.md, "Fairness"): at most this many of one client's tasks
+# run at once; the others wait without holding a worker. 0: no cap. Default: one
+# worker fewer than a cluster has, so another client always finds one free.
+PILOT_MAX_RUNNING_PER_CLIENT = env_int("PILOT_MAX_RUNNING_PER_CLIENT",
+                                       max(1, PILOT_Q_WORKERS - 1), minimum=0)
 # The demo.* workflows (docs/design.md, "Demo workflows"): for trying PILOT out and
 # for its tests; `make run` and the test settings turn them on. Off in production.
 PILOT_DEMO_WORKFLOWS = env_bool("PILOT_DEMO_WORKFLOWS", False)

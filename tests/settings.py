@@ -16,6 +16,14 @@ os.environ.setdefault("PILOT_Q_CLUSTER_NAME", "pilot-test")
 os.environ.setdefault("PILOT_TEST_DRAIN_SECONDS", "0")
 # The demo workflows are the suite's fixtures (and those of the processes it starts).
 os.environ.setdefault("PILOT_DEMO_WORKFLOWS", "true")
+# Fair shares: most tests run several tasks of one client at once on purpose (races,
+# recoveries, kills), so the suite runs without the per-client cap unless a test asks
+# for it: tests/engine/test_fairness.py sets caps per test, and the real-process proof
+# (tests/acceptance/test_fairness.py) runs its processes with PILOT_TEST_CAPS=default,
+# i.e. with the production default of pilot/settings.py.
+_DEFAULT_CAPS = os.environ.get("PILOT_TEST_CAPS") == "default"
+if not _DEFAULT_CAPS:
+    os.environ.setdefault("PILOT_MAX_RUNNING_PER_CLIENT", "0")
 
 from pilot.settings import *  # noqa: E402,F403
 

@@ -78,6 +78,11 @@ def pilot_execution_settings(app_configs, **kwargs):
             f"PILOT_LEASE_SECONDS ({lease}) is shorter than twice PILOT_HEARTBEAT_SECONDS "
             f"({beat}): one late heartbeat would lose the lease of a healthy worker.",
             hint="Raise the lease or lower the heartbeat interval.", id="pilot.E004"))
+    cap = pilot_settings.PILOT_MAX_RUNNING_PER_CLIENT
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
+        errors.append(Error(
+            f"PILOT_MAX_RUNNING_PER_CLIENT is {cap!r}: it must be an integer >= 0 (0: no cap "
+            "on a client's running tasks).", id="pilot.E009"))
     return errors
 
 

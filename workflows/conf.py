@@ -24,6 +24,12 @@ def _heartbeat_default() -> float:
     return min(5.0, float(pilot_settings.PILOT_LEASE_SECONDS) / 3)
 
 
+def _max_running_default() -> int:
+    from django_q.conf import Conf
+
+    return max(1, int(Conf.WORKERS or 1) - 1)
+
+
 DEFAULTS: dict[str, object] = {
     # Execution (docs/design.md).
     "PILOT_LEASE_SECONDS": 60.0,
@@ -34,6 +40,10 @@ DEFAULTS: dict[str, object] = {
     # table, and whether the PostgreSQL store prepares its hot statements (off
     # behind a pooler that does not keep sessions).
     "PILOT_DRAIN_SECONDS": 5.0,
+    # Fair shares (docs/design.md, "Fairness"): most tasks of one client running at
+    # once, 0 for no cap. Default: one worker fewer than the cluster has, so on
+    # one cluster another client always finds a worker.
+    "PILOT_MAX_RUNNING_PER_CLIENT": _max_running_default,
     "PILOT_PG_PREPARED": True,
     # The django-q2 cluster (and so the broker queue) PILOT's messages go to: the
     # host's Q_CLUSTER name, or an ALT_CLUSTERS entry (docs/embedding.md).

@@ -112,8 +112,13 @@ class Workflow:
                  retry_on: tuple[type[BaseException], ...] = DEFAULT_RETRY_ON,
                  plan: Callable[[Workflow, dict], list[Step]] | None = None,
                  description: str = "",
-                 schedule: str | Schedule | list[str | Schedule] | None = None):
+                 schedule: str | Schedule | list[str | Schedule] | None = None,
+                 max_running: int | None = None, concurrency: int | None = None):
         self.name = name
+        # Fair shares (docs/design.md, "Fairness"): this workflow's own per-client
+        # cap (instead of PILOT_MAX_RUNNING_PER_CLIENT), and a cap over all clients.
+        self.max_running = max_running
+        self.concurrency = concurrency
         if isinstance(idempotency_ttl, (int, float)) and not isinstance(idempotency_ttl, bool):
             idempotency_ttl = timedelta(seconds=idempotency_ttl)
         self.policy = RetryPolicy(max_attempts, backoff_initial, backoff_factor, backoff_max)
@@ -208,6 +213,8 @@ class Workflow:
                         "max_seconds": self.policy.max_delay},
             "idempotency_ttl_seconds": self.idempotency_ttl.total_seconds(),
             "key_fields": list(self.key_fields),
+            "max_running": self.max_running,
+            "concurrency": self.concurrency,
         }
 
     def _schedules_from(self, option) -> tuple[Schedule, ...]:
@@ -282,6 +289,11 @@ class Workflow:
             if not (isinstance(self.payload_serializer, type)
                     and issubclass(self.payload_serializer, BaseSerializer)):
                 self._refuse("payload_serializer must be a DRF Serializer class")
+        for label, cap in (("max_running", self.max_running),
+                           ("concurrency", self.concurrency)):
+            if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool)
+                                    or not 1 <= cap <= 1_000_000):
+                self._refuse(f"{label} must be None or an integer from 1 to 1000000")
         if self.plan is not None and not callable(self.plan):
             self._refuse("plan must be a callable (workflow, payload) -> steps")
         if not isinstance(self.retry_on, tuple) or not all(

@@ -121,7 +121,7 @@ def _lost_long_ago(task):
 
     from django.db.models.functions import Now
 
-    Task.objects.filter(pk=task.pk).update(enqueued_at=None,
+    Task.objects.filter(pk=task.pk).update(enqueued_at=Now() - timedelta(minutes=1),
                                            next_attempt_at=Now() - timedelta(minutes=1))
     TaskTransition.objects.filter(transition="claim").update(
         at=Now() - timedelta(minutes=1))

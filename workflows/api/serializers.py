@@ -184,6 +184,12 @@ class WorkflowSerializer(serializers.Serializer):
     backoff = serializers.DictField()
     idempotency_ttl_seconds = serializers.FloatField()
     key_fields = serializers.ListField(child=serializers.CharField())
+    max_running = serializers.IntegerField(
+        allow_null=True, help_text="At most this many of one client's tasks of this workflow "
+        "run at once (null: the client-wide PILOT_MAX_RUNNING_PER_CLIENT).")
+    concurrency = serializers.IntegerField(
+        allow_null=True, help_text="At most this many of its tasks run at once over all "
+        "clients (null: no limit).")
 
 
 # --- in ---------------------------------------------------------------------------------

@@ -11,11 +11,13 @@ One pass (`dispatch_once`) reads the database's clock once and then:
    phases (compensating / cancelling) nobody holds — orphaned by a dead
    worker, deferred by a compensation's backoff, or cancelled while waiting;
    a `cancelling` task with nothing to compensate is finished here;
-3. wakes the workers when due `pending` tasks have waited PILOT_REENQUEUE_SECONDS
+3. sends the messages a cap held back: a pending task whose claim a cap refused
+   gets one when its client (or workflow) has a free slot again (caps.py);
+4. wakes the workers when due `pending` tasks have waited PILOT_REENQUEUE_SECONDS
    and no worker has claimed anything for as long (their messages were lost, or
    every worker restarted): a few messages, since each woken worker drains the
    queue. A task merely queued behind others gets no second message.
-4. enqueues the completion webhooks that are due: retries whose backoff
+5. enqueues the completion webhooks that are due: retries whose backoff
    elapsed, lost messages, attempts whose sender died (deliveries.py).
 
 Each scan is one short transaction over SELECT … FOR UPDATE SKIP LOCKED, so
@@ -39,10 +41,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Min, Q, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 
 from workflows.backoff import backoff_delay
 from workflows.conf import pilot_settings
+from workflows.engine.caps import Slots, blocked_q, caps
 from workflows.engine.deliveries import deliveries_enqueue_due
 from workflows.engine.enqueue import enqueue_on_commit
 from workflows.engine.leases import worker_id
@@ -69,6 +72,7 @@ class DispatchReport:
     compensations_enqueued: int = 0
     cancels_finished: int = 0
     reenqueued: int = 0
+    owed_enqueued: int = 0
     deliveries_enqueued: int = 0
     errors: int = 0
     db_now: datetime | None = None
@@ -79,7 +83,7 @@ class DispatchReport:
     def actions(self) -> int:
         return (self.recovered + self.failed + self.compensations_started
                 + self.retries_enqueued + self.compensations_enqueued + self.cancels_finished
-                + self.reenqueued + self.deliveries_enqueued)
+                + self.reenqueued + self.owed_enqueued + self.deliveries_enqueued)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items()
@@ -87,12 +91,13 @@ class DispatchReport:
 
 
 def dispatch_once(*, batch: int = BATCH, actor: str | None = None) -> DispatchReport:
-    """One pass of the three scans above; returns what it did."""
+    """One pass of the scans above; returns what it did."""
     actor = actor or f"dispatcher:{worker_id()}"
     now = store().db_now()
     report = DispatchReport(db_now=now)
     _recover_expired_leases(now, batch, actor, report)
     _enqueue_due(now, batch, actor, report)
+    _enqueue_owed(now, batch, report)
     _reenqueue_lost(now, batch, report)
     report.deliveries_enqueued, full = deliveries_enqueue_due(now, batch=batch)
     report.full = report.full or full
@@ -187,7 +192,10 @@ def _needs_message(now: datetime) -> Q:
 
 
 def _enqueue_due(now: datetime, batch: int, actor: str, report: DispatchReport) -> None:
-    due_retry = Q(state=TaskState.RETRYING, next_attempt_at__lte=now)
+    # A retry whose client or workflow is at its cap waits for a free slot
+    # (_enqueue_owed's rule): a message now would only be refused.
+    due_retry = (Q(state=TaskState.RETRYING, next_attempt_at__lte=now)
+                 & ~blocked_q(Slots.now(caps())))
     orphaned_phase = (Q(state__in=COMPENSATION_STATES)
                       & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
                       & (Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)))
@@ -221,6 +229,44 @@ def _enqueue_due(now: datetime, batch: int, actor: str, report: DispatchReport) 
             enqueue_on_commit(to_enqueue, front=True)
 
 
+def _enqueue_owed(now: datetime, batch: int, report: DispatchReport) -> None:
+    """Send the messages a cap held back (docs/design.md, "Fairness").
+
+    A claim refused by a cap consumed its message and left the pending task
+    owed one (`enqueued_at` NULL). When its client has a free slot again, the
+    oldest owed tasks get one message per free slot — never more, so a flood of
+    one client does not turn into a loop of refused claims. (Workers finishing a
+    run usually claim the next one straight from the table first; a message
+    that arrives after that finds it running and is skipped.)"""
+    owed = Task.objects.filter(state=TaskState.PENDING, enqueued_at__isnull=True,
+                               next_attempt_at__lte=now)
+    owners = list(owed.order_by().values_list("owner_id", flat=True).distinct()[:batch])
+    if not owners:
+        return
+    slots = Slots.now(caps())
+    # A message already on its way (the trigger's, or one sent here) will try for
+    # the slot first: count it as taken until it is REENQUEUE_SECONDS old.
+    on_the_way = (Task.objects.filter(state=TaskState.PENDING, owner_id__in=owners,
+                                      enqueued_at__gte=_stale(now))
+                  .values_list("owner_id", "workflow").annotate(n=Count("pk")).order_by())
+    for owner_id, workflow, n in on_the_way:
+        slots.reserve(owner_id, workflow, n)
+    chosen = []
+    for owner_id in owners:
+        for pk, workflow in (owed.filter(owner_id=owner_id).order_by("next_attempt_at")
+                             .values_list("pk", "workflow")[:batch]):
+            if slots.take(owner_id, workflow):
+                chosen.append(pk)
+    if not chosen:
+        return
+    with transaction.atomic():
+        ids = [t.pk for t in _locked(owed.filter(pk__in=chosen).only("pk"), batch, None)]
+        if ids:
+            Task.objects.filter(pk__in=ids).update(enqueued_at=now)
+            enqueue_on_commit(ids, front=True)
+    report.owed_enqueued += len(ids)
+
+
 def _reenqueue_lost(now: datetime, batch: int, report: DispatchReport) -> None:
     """Wake the workers when due work waits and nobody is taking any.
 
@@ -231,8 +277,9 @@ def _reenqueue_lost(now: datetime, batch: int, report: DispatchReport) -> None:
     worker is claiming anything; then a few messages, for the oldest due tasks,
     wake workers that drain the rest."""
     stale = _stale(now)
-    waiting = Task.objects.filter(_needs_message(now), state=TaskState.PENDING,
-                                  next_attempt_at__lt=stale)
+    waiting = (Task.objects.filter(_needs_message(now), state=TaskState.PENDING,
+                                   next_attempt_at__lt=stale)
+               .exclude(blocked_q(Slots.now(caps()))))  # they wait for a slot, not a worker
     if not waiting.exists():
         return
     last_claim = (TaskTransition.objects.filter(transition="claim").order_by("-at")

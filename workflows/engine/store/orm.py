@@ -32,6 +32,7 @@ from django.utils.dateparse import parse_datetime
 from django_fsm import ConcurrentTransition
 
 from workflows.conf import pilot_settings
+from workflows.engine.caps import Slots, blocked_q, caps, slot_free_exact
 from workflows.engine.enqueue import deliveries_enqueue_on_commit
 from workflows.engine.leases import Lease, Refused
 from workflows.engine.store.rows import StepRow
@@ -142,18 +143,26 @@ class OrmStore:
         """pending, or retrying and due, with an attempt left → running (attempts
         + 1, a new token, the lease), with its audit row; None if there is
         nothing to claim or another claim won. Due-ness is the database's clock."""
-        task = self._read_with_now(task_id)
-        if task is None:
-            return None
-        now, enqueued_at = _aware(task.pilot_db_now), task.enqueued_at
-        if not task.is_due(now):
-            return None
-        try:
-            self.transition(task, "claim", at=now, actor=f"worker:{worker}",
-                            reason=f"attempt {task.attempts + 1} of {task.max_attempts}",
-                            worker=worker, now=now, lease=lease)
-        except ConcurrentTransition:
-            return None
+        limits = caps()
+        with transaction.atomic():
+            task = self._read_with_now(task_id)
+            if task is None:
+                return None
+            now, enqueued_at = _aware(task.pilot_db_now), task.enqueued_at
+            if not task.is_due(now):
+                return None
+            if not slot_free_exact(task.owner_id, task.workflow, limits):
+                # Over a cap: this message is consumed; the task is owed one when
+                # a slot frees (the dispatcher sends it).
+                Task.objects.filter(pk=task.pk, lease_token=task.lease_token).update(
+                    enqueued_at=None)
+                return None
+            try:
+                self.transition(task, "claim", at=now, actor=f"worker:{worker}",
+                                reason=f"attempt {task.attempts + 1} of {task.max_attempts}",
+                                worker=worker, now=now, lease=lease)
+            except ConcurrentTransition:
+                return None
         return Claimed(task, now, enqueued_at, worker)
 
     def claim_next(self, *, worker: str, lease: timedelta) -> Claimed | None:
@@ -162,13 +171,15 @@ class OrmStore:
         nothing is due."""
         from django.db.models import F
 
+        limits = caps()
         with transaction.atomic():
-            task = (Task.objects.select_for_update(skip_locked=True)
-                    .annotate(pilot_db_now=Now())
-                    .filter(state__in=[TaskState.PENDING, TaskState.RETRYING],
-                            next_attempt_at__lte=Now(), attempts__lt=F("max_attempts"))
+            due = (Task.objects.filter(state__in=[TaskState.PENDING, TaskState.RETRYING],
+                                       next_attempt_at__lte=Now(),
+                                       attempts__lt=F("max_attempts")))
+            due = due.exclude(blocked_q(Slots.now(limits)))
+            task = (due.select_for_update(skip_locked=True).annotate(pilot_db_now=Now())
                     .order_by("next_attempt_at").first())
-            if task is None:
+            if task is None or not slot_free_exact(task.owner_id, task.workflow, limits):
                 return None
             now, enqueued_at = _aware(task.pilot_db_now), task.enqueued_at
             self.transition(task, "claim", at=now, actor=f"worker:{worker}",

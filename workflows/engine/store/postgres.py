@@ -24,6 +24,7 @@ from django.utils.dateparse import parse_datetime
 from django_fsm import ConcurrentTransition
 
 from workflows.conf import pilot_settings
+from workflows.engine.caps import caps_json
 from workflows.engine.leases import Lease, Refused
 from workflows.engine.store.orm import (
     UPSERT_ON_CONFLICT,
@@ -49,8 +50,9 @@ def _load(path: Path) -> dict[str, str]:
             queries[name] += line.split("  -- ", 1)[0].rstrip() + "\n"
     queries = {k: v.strip().rstrip(";").replace("{on_conflict}", UPSERT_ON_CONFLICT)
                for k, v in queries.items()}
-    deliver = queries.pop("deliver")
-    return {k: v.replace("{deliver}", "\n" + deliver) for k, v in queries.items()}
+    deliver, blocked, unblocked = (queries.pop(k) for k in ("deliver", "blocked", "unblocked"))
+    return {k: v.replace("{deliver}", "\n" + deliver).replace("{blocked}", blocked + "\n")
+            .replace("{unblocked}", unblocked) for k, v in queries.items()}
 
 
 QUERIES = _load(Path(__file__).with_name("queries.sql"))
@@ -135,7 +137,8 @@ class PostgresStore(OrmStore):
     def claim(self, task_id: Any, *, worker: str, lease: timedelta) -> Claimed | None:
         return self._claimed("claim", {"task_id": task_id, "worker": worker[:200],
                                        "actor": f"worker:{worker}"[:200],
-                                       "lease_seconds": lease.total_seconds()}, "claim")
+                                       "lease_seconds": lease.total_seconds(),
+                                       "caps": caps_json()}, "claim")
 
     def resume(self, task_id: Any, *, worker: str, lease: timedelta,
                after_cancel_of: int | None = None) -> Claimed | None:
@@ -204,7 +207,7 @@ class PostgresStore(OrmStore):
         if steps and then_claim_for is not None:
             worker, lease = then_claim_for
             params.update(worker=worker[:200], claim_actor=f"worker:{worker}"[:200],
-                          lease_seconds=lease.total_seconds())
+                          lease_seconds=lease.total_seconds(), caps=caps_json())
             return self._persist_then_claim(QUERIES["transition_with_steps_then_claim"]
                                             .replace("{sets}", sets), params, task, token,
                                             worker)
@@ -220,7 +223,8 @@ class PostgresStore(OrmStore):
     def claim_next(self, *, worker: str, lease: timedelta) -> Claimed | None:
         return self._claimed("claim_next", {"worker": worker[:200],
                                             "actor": f"worker:{worker}"[:200],
-                                            "lease_seconds": lease.total_seconds()}, "claim")
+                                            "lease_seconds": lease.total_seconds(),
+                                            "caps": caps_json(), "task_id": None}, "claim")
 
     def _persist_then_claim(self, sql: str, params: dict[str, Any], task: Task, token: int,
                             worker: str) -> Claimed | None:

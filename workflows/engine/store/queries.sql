@@ -14,14 +14,22 @@ SELECT statement_timestamp();
 -- pending, or retrying and due, with an attempt left -> running: attempts + 1, a
 -- new token, the lease; with its audit row. The candidate row is locked first,
 -- so a racing claim waits and then finds it no longer claimable (the WHERE is
--- re-checked on the row it locks). No row back: nothing to claim.
+-- re-checked on the row it locks). Then the caps (caps.py): under them, the
+-- claim; over them, the task keeps waiting and is marked as owed a message
+-- (enqueued_at NULL: this one is consumed). No row back: nothing claimed.
 WITH prior AS (
-    SELECT id, state, enqueued_at FROM workflows_task
+    SELECT id, state, enqueued_at, owner_id, workflow FROM workflows_task
      WHERE id = %(task_id)s AND attempts < max_attempts
        AND (state = 'pending'
             OR (state = 'retrying'
                 AND (next_attempt_at IS NULL OR next_attempt_at <= statement_timestamp())))
        FOR UPDATE
+), slot AS (
+    SELECT id, pilot_claim_slot(owner_id, workflow, %(caps)s::jsonb) AS free FROM prior
+), deferred AS (
+    UPDATE workflows_task AS t SET enqueued_at = NULL
+      FROM slot
+     WHERE t.id = slot.id AND NOT slot.free AND t.enqueued_at IS NOT NULL
 ), claimed AS (
     UPDATE workflows_task AS t
        SET state = 'running', attempts = t.attempts + 1, lease_token = t.lease_token + 1,
@@ -30,8 +38,8 @@ WITH prior AS (
            next_attempt_at = NULL, enqueued_at = NULL,
            started_at = COALESCE(t.started_at, statement_timestamp()),
            updated_at = statement_timestamp()
-      FROM prior
-     WHERE t.id = prior.id
+      FROM prior, slot
+     WHERE t.id = prior.id AND slot.free
     RETURNING t.*, prior.state AS pilot_from_state, prior.enqueued_at AS pilot_enqueued_at,
               statement_timestamp() AS pilot_db_now
 ), audit AS (
@@ -46,11 +54,14 @@ SELECT * FROM claimed;
 -- name: claim_next
 -- The queue: the next due task — pending, or retrying with its backoff elapsed,
 -- with an attempt left — in due order (next_attempt_at: a pending task's is its
--- trigger time), skipping rows other claims hold; claimed like `claim`.
-WITH prior AS (
-    SELECT id, state, enqueued_at FROM workflows_task
+-- trigger time), skipping rows other claims hold and tasks whose client or
+-- workflow is at its cap ({blocked}: as of this statement's snapshot); claimed
+-- like `claim`, after the exact check of the caps.
+WITH {blocked} prior AS (
+    SELECT id, state, enqueued_at, owner_id, workflow FROM workflows_task AS c
      WHERE state IN ('pending', 'retrying') AND next_attempt_at <= statement_timestamp()
        AND attempts < max_attempts
+       {unblocked}
      ORDER BY next_attempt_at
      LIMIT 1
        FOR UPDATE SKIP LOCKED
@@ -63,7 +74,7 @@ WITH prior AS (
            started_at = COALESCE(t.started_at, statement_timestamp()),
            updated_at = statement_timestamp()
       FROM prior
-     WHERE t.id = prior.id
+     WHERE t.id = prior.id AND pilot_claim_slot(prior.owner_id, prior.workflow, %(caps)s::jsonb)
     RETURNING t.*, prior.state AS pilot_from_state, prior.enqueued_at AS pilot_enqueued_at,
               statement_timestamp() AS pilot_db_now
 ), audit AS (
@@ -340,11 +351,12 @@ WITH changed AS (
      WHERE true  -- ends the SELECT: ON CONFLICT below is the INSERT's
     {on_conflict}
     RETURNING 1
-){deliver}, prior AS (
-    SELECT id, state, enqueued_at FROM workflows_task
+){deliver}, {blocked} prior AS (
+    SELECT id, state, enqueued_at, owner_id, workflow FROM workflows_task AS c
      WHERE EXISTS (SELECT FROM changed)
        AND state IN ('pending', 'retrying') AND next_attempt_at <= statement_timestamp()
        AND attempts < max_attempts
+       {unblocked}
      ORDER BY next_attempt_at
      LIMIT 1
        FOR UPDATE SKIP LOCKED
@@ -357,7 +369,7 @@ WITH changed AS (
            started_at = COALESCE(t.started_at, statement_timestamp()),
            updated_at = statement_timestamp()
       FROM prior
-     WHERE t.id = prior.id
+     WHERE t.id = prior.id AND pilot_claim_slot(prior.owner_id, prior.workflow, %(caps)s::jsonb)
     RETURNING t.*, prior.state AS pilot_from_state, prior.enqueued_at AS pilot_enqueued_at,
               statement_timestamp() AS pilot_db_now
 ), claim_audit AS (
@@ -369,6 +381,39 @@ WITH changed AS (
 )
 SELECT (SELECT id FROM audit) AS pilot_audit, claimed.*
   FROM (SELECT 1) AS one LEFT JOIN claimed ON true;
+
+-- name: blocked
+-- (Spliced into claim_next and transition_with_steps_then_claim as {blocked}, with
+-- {unblocked} as the candidates' filter.) The clients' cap groups and the
+-- workflows at their caps, from the running tasks as this statement sees them
+-- (a task the same statement is finishing, %(task_id)s, no longer counts). A
+-- choice, not the decision: pilot_claim_slot decides under its locks. No caps
+-- (NULL): nothing is blocked, and the running tasks are not even read.
+running AS (
+    SELECT owner_id, workflow,
+           CASE WHEN jsonb_exists(%(caps)s::jsonb -> 'own', workflow) THEN workflow ELSE ''
+           END AS grp
+      FROM workflows_task
+     WHERE %(caps)s::jsonb IS NOT NULL AND state = 'running'
+       AND id IS DISTINCT FROM %(task_id)s
+), blocked_groups AS (
+    SELECT owner_id, grp FROM running GROUP BY owner_id, grp
+    HAVING count(*) >= COALESCE(NULLIF(
+        CASE WHEN grp = '' THEN (%(caps)s::jsonb ->> 'client')::integer
+             ELSE (%(caps)s::jsonb -> 'own' ->> grp)::integer END, 0), 2147483647)
+), blocked_workflows AS (
+    SELECT workflow FROM running GROUP BY workflow
+    HAVING count(*) >= COALESCE(NULLIF((%(caps)s::jsonb -> 'total' ->> workflow)::integer, 0),
+                                2147483647)
+),
+
+-- name: unblocked
+AND NOT EXISTS (
+    SELECT FROM blocked_groups AS b
+     WHERE b.owner_id = c.owner_id
+       AND b.grp = CASE WHEN jsonb_exists(%(caps)s::jsonb -> 'own', c.workflow) THEN c.workflow
+                        ELSE '' END)
+AND NOT EXISTS (SELECT FROM blocked_workflows AS w WHERE w.workflow = c.workflow)
 
 -- name: deliver
 -- (Spliced into transition and transition_with_steps as {deliver}.) The
