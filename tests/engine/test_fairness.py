@@ -275,3 +275,104 @@ def test_a_bad_client_cap_stops_the_check(value):
 def test_the_workflows_caps_are_in_its_description(temp_workflow):
     workflow = temp_workflow("fair.described", max_running=2, concurrency=7)
     assert (workflow.describe()["max_running"], workflow.describe()["concurrency"]) == (2, 7)
+
+
+@pytest.mark.postgres
+@override_settings(PILOT_MAX_RUNNING_PER_CLIENT=2)
+def test_the_caps_hold_while_runs_fail_retry_compensate_and_are_cancelled(
+        owner, other_owner, temp_workflow):
+    """The real runner on six worker threads (each message drains the queue), a
+    dispatcher thread, and an operator cancelling at random; steps fail and are
+    retried, failures and cancels compensate. A monitor on its own connection
+    never sees a client above 2 running tasks or the limited workflow above 3,
+    and every task ends with each step's effect recorded at most once per
+    attempt."""
+    from workflows.engine.operations import task_cancel
+    from workflows.errors import PilotError, RetryableError
+
+    effects, lock = [], threading.Lock()
+
+    def flaky(ctx):
+        with lock:
+            effects.append((ctx.task_id, ctx.attempt))
+        time.sleep(random.random() / 200)
+        if random.random() < 0.3:
+            raise RetryableError("flaky")
+        return ctx.attempt
+
+    workflows = []
+    for name, options in (("fair.flaky", {}), ("fair.limited2", {"concurrency": 3})):
+        wf = temp_workflow(name, max_attempts=3, backoff_initial=0, backoff_max=0, **options)
+        wf.add_step("a", lambda ctx: 1, compensation=lambda ctx: None)
+        wf.add_step("b", flaky)
+        workflows.append(wf)
+    tasks = [t for o in (owner, other_owner) for wf in workflows
+             for t in trigger(o, wf.name, 15)]
+    ids = [t.pk for t in tasks]
+    stop, violations, seen = threading.Event(), [], []
+
+    def monitor():
+        try:
+            while not stop.is_set():
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT owner_id, workflow, count(*) FROM workflows_task "
+                                   "WHERE state = 'running' GROUP BY 1, 2")
+                    rows = cursor.fetchall()
+                by_owner, limited = {}, 0
+                for owner_id, workflow, n in rows:
+                    by_owner[owner_id] = by_owner.get(owner_id, 0) + n
+                    limited += n if workflow == "fair.limited2" else 0
+                seen.append(max(by_owner.values(), default=0))
+                if max(by_owner.values(), default=0) > 2 or limited > 3:
+                    violations.append(rows)
+        finally:
+            connections.close_all()
+
+    def background(fn):
+        def loop():
+            try:
+                while not stop.is_set():
+                    fn()
+                    time.sleep(0.02)
+            finally:
+                connections.close_all()
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        return thread
+
+    rng = random.Random(7)
+
+    def cancel_one():
+        if rng.random() < 0.2:
+            try:
+                task_cancel(task_id=rng.choice(ids), user=owner, owner_may=False)
+            except PilotError:
+                pass  # finished already, or not cancellable now
+
+    threads = [threading.Thread(target=monitor, daemon=True)]
+    threads[0].start()
+    threads += [background(dispatch_once), background(cancel_one)]
+
+    def work(i):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not Task.objects.filter(pk__in=ids).exclude(
+                    state__in=[S.SUCCEEDED, S.FAILED, S.CANCELLED]).exists():
+                return
+            task_run(task_id=str(random.choice(ids)), worker=f"w{i}", drain_seconds=0.3)
+            time.sleep(0.005)
+        raise AssertionError("the tasks did not all end within 60 s")
+
+    try:
+        results = run_at_once(6, work, timeout=90)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    assert violations == []
+    assert max(seen) == 2
+    ended = dict(Task.objects.filter(pk__in=ids).values_list("pk", "state"))
+    assert set(ended.values()) <= {S.SUCCEEDED, S.FAILED, S.CANCELLED}
+    assert S.SUCCEEDED in set(ended.values()) and effects  # the steps really ran
+    assert len({(str(t), a) for t, a in effects}) == len(effects)  # once per attempt
