@@ -408,12 +408,16 @@ running AS (
 ),
 
 -- name: unblocked
-AND NOT EXISTS (
-    SELECT FROM blocked_groups AS b
-     WHERE b.owner_id = c.owner_id
-       AND b.grp = CASE WHEN jsonb_exists(%(caps)s::jsonb -> 'own', c.workflow) THEN c.workflow
-                        ELSE '' END)
-AND NOT EXISTS (SELECT FROM blocked_workflows AS w WHERE w.workflow = c.workflow)
+-- Two arrays computed once (InitPlans) and tested per candidate as a plain filter,
+-- so the candidates are still read in due order from task_due_idx and the scan
+-- stops at the first free one (an anti-join sorted every due task first: 20 ms at
+-- 5 000 due). Both sides are expressions, not columns: the column's statistics (one
+-- workflow in every row) made the planner expect the filter to drop every row and
+-- sort instead.
+AND c.owner_id::text || ':' || CASE WHEN jsonb_exists(%(caps)s::jsonb -> 'own', c.workflow)
+                                    THEN c.workflow ELSE '' END
+    <> ALL (ARRAY(SELECT owner_id::text || ':' || grp FROM blocked_groups))
+AND c.workflow::text || '' <> ALL (ARRAY(SELECT workflow FROM blocked_workflows))
 
 -- name: deliver
 -- (Spliced into transition and transition_with_steps as {deliver}.) The
