@@ -146,6 +146,15 @@ bench-admin: $(VENV)/.installed
 	DJANGO_SECRET_KEY=bench-only-secret-key-not-for-production-0123456789 \
 		$(PY) -m bench.workloads.admin_pages
 
+## bench-recovery: seconds from a SIGKILL of the whole worker group, tasks running, to
+## the dispatcher's `recover` and to the next claim, on the database's clock (audit rows'
+## `at`); real qcluster and run_dispatcher processes (bench/kill_recovery.py). Needs
+## DATABASE_URL (PostgreSQL; migrated, its tasks left for inspection), REDIS_URL if
+## Redis. ~1 minute. The fault test asserts the behaviour; this measures the time.
+.PHONY: bench-recovery
+bench-recovery: $(VENV)/.installed-dev
+	$(PY) bench/kill_recovery.py
+
 ## bench-tracing: what trace context costs the runner per step, with OpenTelemetry absent,
 ## unconfigured and recording (docs/tracing.md); in-process, no database.
 bench-tracing: $(VENV)/.installed-dev

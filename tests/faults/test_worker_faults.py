@@ -8,7 +8,7 @@ import signal
 import socket
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import pytest
 
@@ -89,7 +89,11 @@ def lease_endings(running: dict, mark: int) -> dict:
     return endings
 
 
-def test_repeated_sigkills_lose_nothing_and_recover_within_lease_plus_poll(owner, fleet):
+def test_repeated_sigkills_lose_nothing_and_every_interrupted_task_is_recovered(owner, fleet):
+    """How long recovery takes is a benchmark figure (bench/kill_recovery.py, on the
+    database's clock), not an assertion here: this test holds the behaviour — each
+    kill interrupted running work, each interrupted task was recovered with its lost
+    attempt counted and claimed again, and nothing ran twice."""
     runs, kills = (500, 20) if LONG else (200, 8)
     rng = random.Random(1129)
     fleet.dispatcher()
@@ -101,7 +105,7 @@ def test_repeated_sigkills_lose_nothing_and_recover_within_lease_plus_poll(owner
     MISSES = 3  # noqa: N806
     wave = runs // (kills + MISSES + 1)  # fresh work before every kill, so none finds none
     ids = []
-    recoveries, reclaims, interrupted_per_kill, misses = [], [], [], 0
+    interrupted_per_kill, all_interrupted, misses = [], set(), 0
     n = 0
     while len(interrupted_per_kill) < kills:
         n += 1
@@ -116,7 +120,6 @@ def test_repeated_sigkills_lose_nothing_and_recover_within_lease_plus_poll(owner
                              interval=0.01, what=f"kill {n}: work running under the group")
         mark = TaskTransition.objects.order_by("-id").values_list("id", flat=True).first()
         group.kill()
-        killed_at = time.monotonic()
         workers = fleet.workers()
         # Each of those leases ends: `recover` by the dispatcher (the kill interrupted
         # it), or its own worker's edge (it finished in the instant before the kill).
@@ -134,14 +137,13 @@ def test_repeated_sigkills_lose_nothing_and_recover_within_lease_plus_poll(owner
         if not interrupted:
             misses += 1
             continue
-        recoveries.append(time.monotonic() - killed_at)
         interrupted_per_kill.append(len(interrupted))
+        all_interrupted |= interrupted
         wait_until(lambda endings=endings, interrupted=interrupted: interrupted <= {
             pk for pk, at in TaskTransition.objects.filter(
                 task_id__in=interrupted, transition="claim").values_list("task_id", "id")
             if at > endings[pk]["id"]}, 60,
             interval=0.05, what=f"kill {n}: the interrupted tasks to be claimed again")
-        reclaims.append(time.monotonic() - killed_at)
     ids += [r.task.pk for r in task_trigger_many(owner=owner,
                                                  requests=requests[n * wave:])]
     assert len(ids) == runs
@@ -149,11 +151,20 @@ def test_repeated_sigkills_lose_nothing_and_recover_within_lease_plus_poll(owner
     assert violations(tasks=Task.objects.filter(pk__in=ids)) == []
     assert set(Task.objects.filter(pk__in=ids).values_list("state", flat=True)) == {
         S.SUCCEEDED}
+    # Each lost attempt counted: an interrupted task was claimed once per attempt, its
+    # recoveries among them, and it took at least one more attempt than it lost.
+    claims = Counter(TaskTransition.objects.filter(task_id__in=all_interrupted,
+                                                   transition="claim")
+                     .values_list("task_id", flat=True))
+    recovers = Counter(TaskTransition.objects.filter(task_id__in=all_interrupted,
+                                                     transition="recover")
+                       .values_list("task_id", flat=True))
+    for pk, attempts in Task.objects.filter(pk__in=all_interrupted).values_list("pk",
+                                                                               "attempts"):
+        assert recovers[pk] >= 1 and attempts == claims[pk] >= recovers[pk] + 1, (
+            pk, attempts, claims[pk], recovers[pk])
     print(f"\n{kills} kills over {runs} runs ({misses} more that came too late), "
-          f"interrupting {interrupted_per_kill} tasks: "
-          f"recovery {[round(r, 2) for r in recoveries]} s, "
-          f"claimed again {[round(r, 2) for r in reclaims]} s")
-    assert max(recoveries) <= LEASE + POLL + 2
+          f"interrupting {interrupted_per_kill} tasks")
 
 
 def test_a_step_longer_than_three_leases_that_heartbeats_runs_once(owner, fleet):
