@@ -10,7 +10,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from workflows.errors import IdempotencyKeyInvalid, TaskNotFound, ValidationFailed
-from workflows.fingerprint import normalize_key
+from workflows.keys import normalize_key
 from workflows.models import Task
 from workflows.states import TaskState
 

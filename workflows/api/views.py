@@ -39,7 +39,7 @@ from workflows.engine import (
     task_trigger_many,
 )
 from workflows.errors import IdempotencyKeyMismatch, PilotError, ValidationFailed
-from workflows.fingerprint import normalize_key
+from workflows.keys import normalize_key
 from workflows.models import StepCheckpoint
 from workflows.observability.middleware import request_trace_context
 from workflows.registry import registry

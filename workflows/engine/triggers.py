@@ -66,9 +66,9 @@ from workflows.fingerprint import (
     canonical_json,
     derive_key,
     fingerprint_of,
-    normalize_key,
     payload_depth,
 )
+from workflows.keys import normalize_key
 from workflows.models import ClientWebhook, Task, TaskReplay
 from workflows.observability import tracing
 from workflows.observability.events import emit_on_commit
