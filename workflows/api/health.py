@@ -36,9 +36,10 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 
 from workflows.api.base import PilotAPIView, documented
-from workflows.api.problems import problem_response
+from workflows.api.problems import pilot_error_response
 from workflows.api.serializers import ProblemSerializer
 from workflows.engine import uses_orm_broker
+from workflows.errors import Unavailable
 from workflows.observability.events import emit
 from workflows.shared_cache import cache_probe, describe
 
@@ -125,10 +126,8 @@ class ReadyzView(_Open):
             detail = ", ".join(
                 "database unreachable" if name == "database" else "cache misconfigured"
                 for name in down)
-            response = problem_response(code="unavailable", status=503,
-                                        title="Service unavailable",
-                                        detail=f"Not ready: {detail}",
-                                        headers={"Retry-After": "2"})
+            response = pilot_error_response(Unavailable(f"Not ready: {detail}"),
+                                            headers={"Retry-After": "2"})
             response.data["checks"] = checks
             response.data["degraded"] = degraded
             return response

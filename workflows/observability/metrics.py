@@ -143,7 +143,7 @@ class TaskStateCollector:
             counts = cache_soft("metrics read", lambda: cache.get(_CACHE_KEY), None) \
                 if ttl else None
             if counts is None:
-                counts = task_counts_by_state()
+                counts = task_counts_by_state(timeout_ms=2000)
                 if ttl:
                     cache_soft("metrics write", lambda: cache.set(_CACHE_KEY, counts, ttl), None)
         except DatabaseError as exc:
