@@ -78,7 +78,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # Sets the login guard's device cookie after a successful password login.
-    "workflows.login_guard.LoginDeviceMiddleware",
+    "workflows.accounts.login_guard.LoginDeviceMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -150,10 +150,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTHENTICATION_BACKENDS = [
     # Refuses a locked-out (username, client address) before any password check.
-    "workflows.login_guard.LockoutBackend",
+    "workflows.accounts.login_guard.LockoutBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-# See workflows/login_guard.py and docs/security.md: failures are counted per
+# See workflows/accounts/login_guard.py and docs/security.md: failures are counted per
 # (username, address), per username across all addresses (slower), per
 # address across usernames, and per (username, device) for browsers that
 # logged in before — those are never locked out by the other three.
@@ -294,7 +294,7 @@ PILOT_STOP_SECONDS = env_float("PILOT_STOP_SECONDS", 8.0, minimum=1)
 # One cache shared by every process on every machine (the rate limits, login
 # lockouts, the metrics' task counts): a table in the main database by default
 # (the migrations create it whatever the broker), Redis when REDIS_URL is set.
-# What a cache failure does is decided in workflows/shared_cache.py.
+# What a cache failure does is decided in workflows/observability/shared_cache.py.
 REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",

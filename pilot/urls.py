@@ -11,7 +11,7 @@ from workflows.urls import admin_password_change_urls, probe_urls
 
 urlpatterns = [
     # The admin's own view with an attempt limit on the current password
-    # (workflows/login_forms.py); before admin.site.urls, so it wins.
+    # (workflows/accounts/login_forms.py); before admin.site.urls, so it wins.
     path("admin/", include(admin_password_change_urls())),
     path("admin/", admin.site.urls),
     path("api/v1/", include("workflows.api.urls")),

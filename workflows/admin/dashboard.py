@@ -9,8 +9,8 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from workflows.admin import stats
-from workflows.admin.chart import SERIES, activity_chart
-from workflows.admin.svg import STATE_COLORS
+from workflows.admin.pictures.chart import SERIES, activity_chart
+from workflows.admin.pictures.svg import STATE_COLORS
 from workflows.admin.workers import work_status
 from workflows.selectors import task_counts_by_state
 

@@ -9,7 +9,7 @@ once it is back — nor a reachable cache (the rate limits degrade, logged), so
 those are reported in the body as degraded details with a 200, and a load
 balancer does not pull every node for a Redis outage. One exception: a
 *misconfigured* cache (the table missing, Redis refusing the credentials) makes
-every trigger a 503 (rate limits fail closed, workflows.shared_cache), so
+every trigger a 503 (rate limits fail closed, workflows.observability.shared_cache), so
 readiness says so too.
 
     200 {"status": "ok"|"degraded", "checks": {"database": true, "broker": true,
@@ -41,7 +41,7 @@ from workflows.api.serializers import ProblemSerializer
 from workflows.engine import uses_orm_broker
 from workflows.errors import Unavailable
 from workflows.observability.events import emit
-from workflows.shared_cache import cache_probe, describe
+from workflows.observability.shared_cache import cache_probe, describe
 
 _Status = inline_serializer("HealthStatus", {
     "status": serializers.CharField(),

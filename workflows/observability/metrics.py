@@ -45,7 +45,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from workflows.conf import pilot_settings
 from workflows.observability import events
 from workflows.observability.multiproc import compact, scrape_lock
-from workflows.shared_cache import cache_soft
+from workflows.observability.shared_cache import cache_soft
 
 log = logging.getLogger("pilot.metrics")
 
