@@ -56,13 +56,6 @@ INSTALLED_APPS = [
     "workflows",
 ]
 
-# Benchmark-only baselines (bench/ceiling: a bare DRF insert endpoint under
-# /bench/, the raw django-q2 task) that `make bench` measures PILOT against.
-# Off unless set; never set it in production.
-PILOT_BENCH_ENDPOINTS = env_bool("PILOT_BENCH_ENDPOINTS", False)
-if PILOT_BENCH_ENDPOINTS:
-    INSTALLED_APPS.append("bench.ceiling")
-
 MIDDLEWARE = [
     # request.trace_id (traceparent / X-Request-ID / generated) on every log event.
     "workflows.observability.middleware.TraceIdMiddleware",

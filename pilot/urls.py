@@ -1,7 +1,6 @@
 """Top-level URL map of the standalone project (a host project mounts the same
 pieces where it likes: docs/embedding.md)."""
 
-from django.conf import settings
 from django.contrib import admin
 from django.http import HttpResponsePermanentRedirect
 from django.templatetags.static import static
@@ -21,6 +20,3 @@ urlpatterns = [
     path("favicon.ico", lambda request: HttpResponsePermanentRedirect(
         static("pilot/favicon.svg"))),
 ]
-
-if settings.PILOT_BENCH_ENDPOINTS:  # the benchmark's baselines, see pilot/settings.py
-    urlpatterns.append(path("bench/", include("bench.ceiling.urls")))
