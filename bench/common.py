@@ -56,7 +56,6 @@ def pilot_env(broker: str, **overrides) -> dict:
         "DJANGO_SECRET_KEY": "bench-only-secret-key-not-for-production-0123456789",
         "DATABASE_URL": db_url(),
         "PILOT_Q_CLUSTER_NAME": CLUSTER_NAME,
-        "PILOT_BENCH_ENDPOINTS": "true",
         # The throttle still counts every trigger; the limit just never bites.
         "PILOT_TRIGGER_RATE": "1000000000/min",
         # One client is the whole workload, as in the peers' runs: the per-client

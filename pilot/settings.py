@@ -56,13 +56,6 @@ INSTALLED_APPS = [
     "workflows",
 ]
 
-# Benchmark-only baselines (bench/ceiling: a bare DRF insert endpoint under
-# /bench/, the raw django-q2 task) that `make bench` measures PILOT against.
-# Off unless set; never set it in production.
-PILOT_BENCH_ENDPOINTS = env_bool("PILOT_BENCH_ENDPOINTS", False)
-if PILOT_BENCH_ENDPOINTS:
-    INSTALLED_APPS.append("bench.ceiling")
-
 MIDDLEWARE = [
     # request.trace_id (traceparent / X-Request-ID / generated) on every log event.
     "workflows.observability.middleware.TraceIdMiddleware",
@@ -78,7 +71,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # Sets the login guard's device cookie after a successful password login.
-    "workflows.login_guard.LoginDeviceMiddleware",
+    "workflows.accounts.login_guard.LoginDeviceMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -150,10 +143,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTHENTICATION_BACKENDS = [
     # Refuses a locked-out (username, client address) before any password check.
-    "workflows.login_guard.LockoutBackend",
+    "workflows.accounts.login_guard.LockoutBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-# See workflows/login_guard.py and docs/security.md: failures are counted per
+# See workflows/accounts/login_guard.py and docs/security.md: failures are counted per
 # (username, address), per username across all addresses (slower), per
 # address across usernames, and per (username, device) for browsers that
 # logged in before — those are never locked out by the other three.
@@ -299,7 +292,7 @@ PILOT_STOP_SECONDS = env_float("PILOT_STOP_SECONDS", 8.0, minimum=1)
 # One cache shared by every process on every machine (the rate limits, login
 # lockouts, the metrics' task counts): a table in the main database by default
 # (the migrations create it whatever the broker), Redis when REDIS_URL is set.
-# What a cache failure does is decided in workflows/shared_cache.py.
+# What a cache failure does is decided in workflows/observability/shared_cache.py.
 REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",

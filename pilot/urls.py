@@ -1,7 +1,6 @@
 """Top-level URL map of the standalone project (a host project mounts the same
 pieces where it likes: docs/embedding.md)."""
 
-from django.conf import settings
 from django.contrib import admin
 from django.http import HttpResponsePermanentRedirect
 from django.templatetags.static import static
@@ -11,7 +10,7 @@ from workflows.urls import admin_password_change_urls, probe_urls
 
 urlpatterns = [
     # The admin's own view with an attempt limit on the current password
-    # (workflows/login_forms.py); before admin.site.urls, so it wins.
+    # (workflows/accounts/login_forms.py); before admin.site.urls, so it wins.
     path("admin/", include(admin_password_change_urls())),
     path("admin/", admin.site.urls),
     path("api/v1/", include("workflows.api.urls")),
@@ -21,6 +20,3 @@ urlpatterns = [
     path("favicon.ico", lambda request: HttpResponsePermanentRedirect(
         static("pilot/favicon.svg"))),
 ]
-
-if settings.PILOT_BENCH_ENDPOINTS:  # the benchmark's baselines, see pilot/settings.py
-    urlpatterns.append(path("bench/", include("bench.ceiling.urls")))

@@ -10,14 +10,8 @@ class WorkflowsConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         # Imported for their side effects: checks, signals, the schedules' admin.
-        from workflows import (  # noqa: F401
-            checks,
-            login_forms,
-            login_guard,
-            qadmin,
-            schedules_admin,
-            webhooks_admin,
-        )
+        from workflows import checks, qadmin, schedules_admin, webhooks_admin  # noqa: F401
+        from workflows.accounts import login_forms, login_guard  # noqa: F401
         from workflows.engine import schedules_sync_after_migrate
         from workflows.observability import metrics
         from workflows.registry import autodiscover

@@ -97,7 +97,7 @@ _MIDDLEWARE = {
     "workflows.observability.probes.ProbeMiddleware": (
         "pilot.W021", "/healthz, /readyz and /metrics answer 400 to a probe or scraper that "
                       "addresses the server by IP (Django's host check)"),
-    "workflows.login_guard.LoginDeviceMiddleware": (
+    "workflows.accounts.login_guard.LoginDeviceMiddleware": (
         "pilot.W022", "browsers that logged in before get no device cookie, so a lockout "
                       "that an attacker causes also locks the real user out"),
 }
@@ -118,10 +118,11 @@ def pilot_installation(app_configs, **kwargs):
                                     hint="docs/embedding.md says where it goes.",
                                     id=check_id))
     backends = list(getattr(settings, "AUTHENTICATION_BACKENDS", None) or [])
-    if "workflows.login_guard.LockoutBackend" not in backends:
+    lockout_backend = "workflows.accounts.login_guard.LockoutBackend"
+    if lockout_backend not in backends:
         problems.append(Warning(
-            "workflows.login_guard.LockoutBackend is not in AUTHENTICATION_BACKENDS: password "
-            "logins are not limited (no lockout after repeated failures).",
+            f"{lockout_backend} is not in AUTHENTICATION_BACKENDS: password logins are not "
+            "limited (no lockout after repeated failures).",
             hint="Put it first in AUTHENTICATION_BACKENDS (docs/embedding.md).",
             id="pilot.W023"))
     if settings.DEBUG and "workflows.debug.PlainNotFoundMiddleware" not in middleware:
@@ -175,14 +176,14 @@ def pilot_cache_shared(app_configs, **kwargs):
 @register(Tags.caches, Tags.database)
 def pilot_cache_reachable(app_configs, databases=None, **kwargs):
     """With `check --database default` (and during `migrate`): one read of the
-    shared cache. A permanent error (workflows.shared_cache) is an error; a
+    shared cache. A permanent error (workflows.observability.shared_cache) is an error; a
     transient one a warning. A missing cache table is not reported while the
     app's migrations are still to run: they create it."""
     if not databases:
         return []
     from django.core.cache import cache
 
-    from workflows.shared_cache import PERMANENT, cache_error_kind, describe
+    from workflows.observability.shared_cache import PERMANENT, cache_error_kind, describe
 
     try:
         cache.get("pilot:check-probe")

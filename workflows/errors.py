@@ -12,6 +12,19 @@ Two more families live here:
 
 from __future__ import annotations
 
+from typing import Any
+
+
+def plain_errors(detail: Any) -> Any:
+    """Per-field errors as plain JSON (a `ValidationFailed`'s `errors`): DRF's
+    ErrorDetail strings and lazy messages become str, keys become str, tuples
+    lists."""
+    if isinstance(detail, dict):
+        return {str(k): plain_errors(v) for k, v in detail.items()}
+    if isinstance(detail, (list, tuple)):
+        return [plain_errors(v) for v in detail]
+    return str(detail)
+
 
 class PilotError(Exception):
     code = "error"
@@ -92,6 +105,9 @@ class PermissionDenied(PilotError):
 
 
 class Unavailable(PilotError):
+    """A 503: the database is unreachable (the API's error handler, /readyz) or
+    the shared cache misconfigured (CacheMisconfigured)."""
+
     code = "unavailable"
     http_status = 503
     title = "Service unavailable"

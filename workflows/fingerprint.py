@@ -1,13 +1,11 @@
-"""Idempotency keys and request fingerprints (docs/design.md, "Idempotent trigger").
+"""Request fingerprints and derived idempotency keys (docs/design.md, "Idempotent trigger").
 Pure: no database.
 
-- `normalize_key` accepts a key bare (`abc-123`) or as an RFC 8941 sf-string
-  (`"abc-123"`, as the IETF Idempotency-Key draft writes it); both are the same
-  key. A key is 1–255 visible ASCII characters (0x21–0x7E).
 - `fingerprint` is the SHA-256 of the canonical JSON of workflow + payload
   (sorted keys, no whitespace), so a re-trigger is recognised as the same
   request whatever its key order or spacing.
-- `derive_key` builds a key from a workflow's `key_fields`.
+- `derive_key` builds a key from a workflow's `key_fields` (the key rule itself
+  is workflows.keys).
 """
 
 from __future__ import annotations
@@ -17,9 +15,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from workflows.errors import IdempotencyKeyInvalid, ValidationFailed
+from workflows.errors import ValidationFailed
 
-MAX_KEY_LENGTH = 255
 MAX_PAYLOAD_DEPTH = 32
 
 
@@ -35,63 +32,6 @@ def fingerprint(workflow: str, payload: dict) -> str:
 
 def fingerprint_of(canonical: str) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-def _is_visible_ascii(text: str) -> bool:
-    return all(0x21 <= ord(ch) <= 0x7E for ch in text)
-
-
-def _parse_sf_string(raw: str) -> str:
-    """Parse an RFC 8941 §3.3.3 sf-string (`"..."`, with `\\"` and `\\\\` escapes)."""
-    out = []
-    i, end = 1, len(raw) - 1
-    while i < end:
-        ch = raw[i]
-        if ch == "\\":
-            if i + 1 >= end or raw[i + 1] not in ('"', "\\"):
-                raise IdempotencyKeyInvalid(
-                    "Idempotency key is a malformed quoted string: only \\\" and \\\\ "
-                    "escapes are allowed"
-                )
-            out.append(raw[i + 1])
-            i += 2
-            continue
-        if ch == '"':
-            raise IdempotencyKeyInvalid(
-                "Idempotency key is a malformed quoted string: unescaped quote inside"
-            )
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
-def normalize_key(raw) -> str:
-    """Return the key `raw` denotes, or raise IdempotencyKeyInvalid.
-
-    A value that starts with a double quote must be a complete sf-string; its
-    content is the key. Anything else is the key itself.
-    """
-    if not isinstance(raw, str):
-        raise IdempotencyKeyInvalid("Idempotency key must be a string")
-    key = raw
-    if key.startswith('"'):
-        if len(key) < 2 or not key.endswith('"'):
-            raise IdempotencyKeyInvalid(
-                "Idempotency key starts with a quote but is not a complete quoted string"
-            )
-        key = _parse_sf_string(key)
-    if not key:
-        raise IdempotencyKeyInvalid("Idempotency key must not be empty")
-    if len(key) > MAX_KEY_LENGTH:
-        raise IdempotencyKeyInvalid(
-            f"Idempotency key is {len(key)} characters; the limit is {MAX_KEY_LENGTH}"
-        )
-    if not _is_visible_ascii(key):
-        raise IdempotencyKeyInvalid(
-            "Idempotency key may contain only visible ASCII characters (0x21-0x7E): "
-            "no spaces, control characters or non-ASCII"
-        )
-    return key
 
 
 def derive_key(workflow: str, key_fields: tuple[str, ...], payload: dict) -> str:

@@ -17,14 +17,14 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import path
 
+from workflows.accounts.login_forms import admin_password_change
 from workflows.api.health import HealthzView, ReadyzView
-from workflows.login_forms import admin_password_change
 from workflows.observability.views import metrics_view
 
 
 def admin_password_change_urls(site=None) -> list:
     """The admin's password change with the login guard's attempt limit on the
-    current password (workflows/login_forms.py). Include it under the admin's
+    current password (workflows/accounts/login_forms.py). Include it under the admin's
     prefix *before* `admin.site.urls`, so it wins; without it the admin's own
     view answers and `check` says so (pilot.W025)."""
     site = site or admin.site

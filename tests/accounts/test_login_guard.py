@@ -12,7 +12,7 @@ from django.core.cache import cache
 from django.core.management import call_command
 from django.test import Client, override_settings
 
-from workflows.login_guard import (
+from workflows.accounts.login_guard import (
     DEVICE_COOKIE,
     client_ip,
     device_cookie_value,

@@ -15,6 +15,7 @@ from workflows.admin import stats
 from workflows.engine.triggers import task_trigger
 from workflows.fingerprint import fingerprint
 from workflows.models import Task, TaskReplay, TaskTransition
+from workflows.selectors import task_counts_by_state
 from workflows.states import TaskState as S
 
 # transaction=True: with the Redis broker an enqueue happens on commit.
@@ -36,7 +37,7 @@ def old_activity(owner, hours_ago: float) -> None:
 def test_counts_by_state_include_every_state(owner):
     for state in (S.PENDING, S.PENDING, S.FAILED):
         make_task(owner, state=state)
-    counts = stats.task_counts_by_state()
+    counts = task_counts_by_state()
     assert counts == {"pending": 2, "running": 0, "retrying": 0, "cancelling": 0,
                       "compensating": 0, "succeeded": 0, "failed": 1, "cancelled": 0}
 

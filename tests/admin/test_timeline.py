@@ -1,4 +1,4 @@
-"""The run timeline (workflows/admin/timeline.py), from a real retried run."""
+"""The run timeline (workflows/admin/pictures/timeline.py), from a real retried run."""
 
 from __future__ import annotations
 

@@ -129,6 +129,15 @@ def test_an_invalid_key_and_an_unknown_workflow_are_refused(operator_client):
     assert not Task.objects.exists()
 
 
+def test_the_form_takes_every_key_the_api_takes_and_no_other(operator_client):
+    quoted = '"' + "k" * 255 + '"'  # 257 characters, the key inside 255
+    assert submit(operator_client, key=quoted).status_code == 200
+    assert list(Task.objects.values_list("idempotency_key", flat=True)) == ["k" * 255]
+    response = submit(operator_client, key="k" * 256)
+    assert "idempotency_key_invalid" in errors_of(response, "idempotency_key")
+    assert Task.objects.count() == 1
+
+
 def test_triggering_needs_the_add_task_permission(viewer_client):
     assert viewer_client.get(URL).status_code == 403
     assert submit(viewer_client).status_code == 403

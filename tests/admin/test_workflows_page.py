@@ -7,7 +7,7 @@ import re
 import pytest
 
 from tests.factories import make_task, transition_kwargs
-from workflows.admin.diagram import POSITIONS, state_edges
+from workflows.admin.pictures.diagram import POSITIONS, state_edges
 from workflows.engine.store import store
 from workflows.models import Task
 from workflows.states import TaskState as S

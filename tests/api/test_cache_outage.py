@@ -1,4 +1,4 @@
-"""What a failing shared cache does (workflows/shared_cache.py).
+"""What a failing shared cache does (workflows/observability/shared_cache.py).
 
 - Unreachable (a Redis where none listens: transient): triggers go through
   unthrottled, /metrics answers, /readyz says "degraded" with a 200 — and

@@ -6,10 +6,10 @@ import pytest
 
 from tests.factories import make_task
 from tests.helpers import drain
-from workflows.api.representation import task_data
 from workflows.api.serializers import TaskSerializer
 from workflows.engine.triggers import task_trigger
 from workflows.models import Task
+from workflows.representation import task_data
 from workflows.states import TaskState as S
 
 pytestmark = pytest.mark.django_db(transaction=True)

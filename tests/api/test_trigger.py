@@ -110,6 +110,36 @@ def test_missing_and_invalid_keys_are_400(api, key, code):
     assert Task.objects.count() == 0
 
 
+# Keys the doors once judged by rules of their own (a pattern on task_id, 300
+# characters for a batch item): every door now hands the key to the engine.
+@pytest.mark.parametrize("key", ["", "has space", "x" * 256, "x" * 301, "x" * 600,
+                                 '"unterminated', '"' + "k" * 256 + '"'])
+def test_an_invalid_key_is_refused_alike_by_the_header_the_body_and_a_batch(api, key):
+    assert_problem(trigger(api, key=key), 400, "idempotency_key_invalid")
+    body = {"workflow": "demo.echo", "payload": ECHO, "task_id": key}
+    assert_problem(api.post("/api/v1/tasks", body, format="json"), 400,
+                   "idempotency_key_invalid")
+    item = {"idempotency_key": key, "workflow": "demo.echo", "payload": ECHO}
+    r = api.post("/api/v1/tasks/batch", {"tasks": [item]}, format="json")
+    assert [(x["status"], x.get("code")) for x in r.json()["results"]] == [
+        (400, "idempotency_key_invalid")]
+    assert Task.objects.count() == 0
+
+
+def test_the_longest_keys_are_accepted_by_the_header_the_body_and_a_batch(api):
+    quotes = '"' + '\\"' * 255 + '"'  # the key: 255 quotes, each escaped
+    backslashes = '"' + "\\\\" * 255 + '"'  # 255 backslashes, each escaped
+    assert len(quotes) == len(backslashes) == 512
+    assert trigger(api, key=quotes).status_code == 202
+    body = {"workflow": "demo.echo", "payload": ECHO, "task_id": backslashes}
+    assert api.post("/api/v1/tasks", body, format="json").status_code == 202
+    item = {"idempotency_key": "k" * 255, "workflow": "demo.echo", "payload": ECHO}
+    r = api.post("/api/v1/tasks/batch", {"tasks": [item]}, format="json")
+    assert [x["status"] for x in r.json()["results"]] == [202]
+    assert sorted(len(k) for k in Task.objects.values_list("idempotency_key", flat=True)) == [
+        255, 255, 255]
+
+
 def test_an_unknown_workflow_is_400(api):
     assert_problem(trigger(api, workflow="nope.nothing"), 400, "unknown_workflow")
 

@@ -1,5 +1,5 @@
 """Transient or permanent: the one decision that says whether a rate limit
-may degrade or must fail closed (workflows/shared_cache.py)."""
+may degrade or must fail closed (workflows/observability/shared_cache.py)."""
 
 import sqlite3
 
@@ -8,7 +8,7 @@ import pytest
 from django.db import InterfaceError, OperationalError, ProgrammingError
 from redis import exceptions as redis_errors
 
-from workflows.shared_cache import (
+from workflows.observability.shared_cache import (
     PERMANENT,
     TRANSIENT,
     CacheFailure,

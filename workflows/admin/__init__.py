@@ -8,7 +8,8 @@
   `audit`: console actions in Django's admin log;
 - `trigger`, `dashboard` (with Workers & queue), `workflows_page`: the
   console's own pages; `live`: the JSON endpoint their live updates poll;
-- `stats`, `workers`: reads; `chart`, `timeline`, `diagram`: SVG pictures.
+- `stats`, `workers`: reads; `pictures/` (`chart`, `timeline`, `diagram`): SVG
+  pictures.
 
 Admin code never changes a task: every change is an engine call.
 """

@@ -9,9 +9,10 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from workflows.admin import stats
-from workflows.admin.chart import SERIES, activity_chart
-from workflows.admin.svg import STATE_COLORS
+from workflows.admin.pictures.chart import SERIES, activity_chart
+from workflows.admin.pictures.svg import STATE_COLORS
 from workflows.admin.workers import work_status
+from workflows.selectors import task_counts_by_state
 
 VIEW_ALL = "workflows.view_all_tasks"
 
@@ -26,7 +27,7 @@ def dashboard_context(now) -> dict:
     """Counts by state, activity per hour over 24 h (chart and table), workers
     and queue, tasks past their lease, the oldest pending tasks and the top
     failing workflows."""
-    counts = stats.task_counts_by_state()
+    counts = task_counts_by_state()
     buckets = stats.activity_per_hour(now)
     totals = [(name, legend, colour, sum(getattr(b, name) for b in buckets))
               for name, legend, colour in SERIES]

@@ -29,15 +29,6 @@ class ActivityBucket:
     retries: int = 0
 
 
-def task_counts_by_state() -> dict[str, int]:
-    """{state: n} for every state (zeros included). COUNT(*), not COUNT(id): an
-    index-only scan of task_state_created_idx instead of reading every row."""
-    counts = dict.fromkeys(TaskState.values, 0)
-    for state, n in Task.objects.order_by().values_list("state").annotate(n=Count("*")):
-        counts[state] = n
-    return counts
-
-
 def activity_per_hour(now: datetime, *, hours: int = 24) -> list[ActivityBucket]:
     """Triggers (tasks created), replays (duplicate triggers absorbed), successes,
     failures and retries per UTC hour, oldest first, the last bucket being the

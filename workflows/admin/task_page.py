@@ -21,8 +21,8 @@ from datetime import datetime, timedelta
 
 from workflows.admin.deliveries import delivery_views
 from workflows.admin.phases import WAITING, task_phases, waits_before
+from workflows.admin.pictures.timeline import task_timeline
 from workflows.admin.text import duration_text
-from workflows.admin.timeline import task_timeline
 from workflows.conf import pilot_settings
 from workflows.engine.store.rows import CANCELLED_WHILE_RUNNING
 from workflows.models import StepCheckpoint, TaskReplay, TaskTransition

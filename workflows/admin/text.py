@@ -14,7 +14,7 @@ from django.contrib import admin
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from workflows.admin.svg import STATE_COLORS, STEP_COLORS
+from workflows.admin.pictures.svg import STATE_COLORS, STEP_COLORS
 
 
 def seconds_text(seconds: float) -> str:

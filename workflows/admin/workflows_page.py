@@ -11,7 +11,7 @@ from django.db.models import Count
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from workflows.admin.diagram import state_diagram
+from workflows.admin.pictures.diagram import state_diagram
 from workflows.admin.schema import payload_fields
 from workflows.admin.text import ttl_text
 from workflows.registry import registry

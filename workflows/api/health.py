@@ -9,7 +9,7 @@ once it is back — nor a reachable cache (the rate limits degrade, logged), so
 those are reported in the body as degraded details with a 200, and a load
 balancer does not pull every node for a Redis outage. One exception: a
 *misconfigured* cache (the table missing, Redis refusing the credentials) makes
-every trigger a 503 (rate limits fail closed, workflows.shared_cache), so
+every trigger a 503 (rate limits fail closed, workflows.observability.shared_cache), so
 readiness says so too.
 
     200 {"status": "ok"|"degraded", "checks": {"database": true, "broker": true,
@@ -36,11 +36,12 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 
 from workflows.api.base import PilotAPIView, documented
-from workflows.api.problems import problem_response
+from workflows.api.problems import pilot_error_response
 from workflows.api.serializers import ProblemSerializer
 from workflows.engine import uses_orm_broker
+from workflows.errors import Unavailable
 from workflows.observability.events import emit
-from workflows.shared_cache import cache_probe, describe
+from workflows.observability.shared_cache import cache_probe, describe
 
 _Status = inline_serializer("HealthStatus", {
     "status": serializers.CharField(),
@@ -125,10 +126,8 @@ class ReadyzView(_Open):
             detail = ", ".join(
                 "database unreachable" if name == "database" else "cache misconfigured"
                 for name in down)
-            response = problem_response(code="unavailable", status=503,
-                                        title="Service unavailable",
-                                        detail=f"Not ready: {detail}",
-                                        headers={"Retry-After": "2"})
+            response = pilot_error_response(Unavailable(f"Not ready: {detail}"),
+                                            headers={"Retry-After": "2"})
             response.data["checks"] = checks
             response.data["degraded"] = degraded
             return response

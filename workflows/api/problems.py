@@ -25,7 +25,7 @@ from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
 from workflows.api.throttling import RateLimited
-from workflows.errors import PilotError
+from workflows.errors import PilotError, Unavailable, plain_errors
 
 log = logging.getLogger("pilot.api")
 
@@ -81,14 +81,6 @@ def _detail_text(detail) -> str:
     return str(detail)
 
 
-def _plain(detail):
-    if isinstance(detail, dict):
-        return {str(k): _plain(v) for k, v in detail.items()}
-    if isinstance(detail, (list, tuple)):
-        return [_plain(v) for v in detail]
-    return str(detail)
-
-
 def problem_exception_handler(exc, context):
     """DRF's EXCEPTION_HANDLER: every exception raised in an API view becomes a
     problem response."""
@@ -110,7 +102,7 @@ def problem_exception_handler(exc, context):
         if getattr(exc, "auth_header", None):
             headers["WWW-Authenticate"] = exc.auth_header
         if isinstance(exc, drf.ValidationError):
-            errors = _plain(exc.detail)
+            errors = plain_errors(exc.detail)
             if not isinstance(errors, dict):
                 errors = {"non_field_errors": errors}
             return problem_response(code=code, status=400, title=title,
@@ -125,9 +117,8 @@ def problem_exception_handler(exc, context):
         # Connection-level failures: the database is down or restarting. Other
         # database errors are bugs and fall through to a 500.
         log.warning("database unavailable: %s", exc)
-        return problem_response(code="unavailable", status=503, title="Service unavailable",
-                                detail="The database is unavailable; retry shortly",
-                                headers={"Retry-After": "2"})
+        return pilot_error_response(Unavailable("The database is unavailable; retry shortly"),
+                                    headers={"Retry-After": "2"})
     log.exception("unhandled error in %s", context.get("view").__class__.__name__)
     return problem_response(code="internal_error", status=500, title="Internal error",
                             detail="An unexpected error occurred; it has been logged")

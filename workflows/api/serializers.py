@@ -14,6 +14,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from workflows.engine import MAX_BATCH
+from workflows.keys import KEY_SCHEMA
 from workflows.models import DeliveryState, StepCheckpoint, Task
 from workflows.representation import delivery_data, task_deliveries
 from workflows.states import TaskState
@@ -77,8 +78,20 @@ class PayloadField(serializers.DictField):
         return value
 
 
-class KeyField(StringField, serializers.RegexField):
-    pass
+@extend_schema_field(KEY_SCHEMA)
+class KeyField(StringField):
+    """An idempotency key as sent, unchanged (not stripped, "" passed on): its rule
+    is applied by the engine (workflows.keys), so a key is refused with the same
+    code, `idempotency_key_invalid`, whichever door it came through. The schema
+    states the rule (KEY_SCHEMA)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(trim_whitespace=False, **kwargs)
+
+    def run_validation(self, data=serializers.empty):
+        if data == "":  # the engine's to refuse, not DRF's generic "blank"
+            return data
+        return super().run_validation(data)
 
 
 # --- out --------------------------------------------------------------------------------
@@ -205,13 +218,12 @@ class TriggerSerializer(StrictSerializer):
     payload = PayloadField(required=False, default=dict,
                            help_text="The workflow's input (a JSON object).")
     callback_url = StringField(required=False, max_length=2000, help_text=CALLBACK_URL_HELP)
-    task_id = KeyField(
-        r"^[\x21-\x7e]+$", required=False, min_length=1, max_length=512,
-        help_text="The idempotency key, if not sent in the Idempotency-Key header.")
+    task_id = KeyField(required=False, help_text=(
+        "The idempotency key, if not sent in the Idempotency-Key header."))
 
 
 class BatchItemSerializer(StrictSerializer):
-    idempotency_key = StringField(required=False, max_length=300)
+    idempotency_key = KeyField(required=False)
     workflow = StringField(max_length=200)
     payload = PayloadField(required=False, default=dict)
     callback_url = StringField(required=False, max_length=2000)

@@ -11,7 +11,7 @@ shares (the database cache, or Redis when REDIS_URL is set), so a limit holds
 across processes and machines. Exceeding it is a 429 `throttled` with
 Retry-After (the seconds left in the window).
 
-When the cache fails (workflows.shared_cache): a transient error lets the
+When the cache fails (workflows.observability.shared_cache): a transient error lets the
 request through unthrottled (logged `cache_unavailable`); a permanent one — a
 misconfiguration — refuses it with 503 `unavailable` rather than run without a
 limit. With Redis the counter is exact (INCRBY); with the database cache an
@@ -31,7 +31,7 @@ from rest_framework.exceptions import Throttled
 from rest_framework.throttling import BaseThrottle
 
 from workflows.conf import pilot_settings
-from workflows.shared_cache import cache_guarded
+from workflows.observability.shared_cache import cache_guarded
 
 _PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 RATE_PATTERN = r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)"

@@ -16,7 +16,6 @@ from workflows.api.base import PilotAPIView, documented
 from workflows.api.pagination import TaskCursorPagination
 from workflows.api.permissions import CanTrigger
 from workflows.api.problems import pilot_error_dict
-from workflows.api.representation import task_data
 from workflows.api.serializers import (
     BatchItemSerializer,
     BatchSerializer,
@@ -38,11 +37,12 @@ from workflows.engine import (
     task_trigger,
     task_trigger_many,
 )
-from workflows.errors import IdempotencyKeyMismatch, PilotError, ValidationFailed
-from workflows.fingerprint import normalize_key
+from workflows.errors import IdempotencyKeyMismatch, PilotError, ValidationFailed, plain_errors
+from workflows.keys import normalize_key
 from workflows.models import StepCheckpoint
 from workflows.observability.middleware import request_trace_context
 from workflows.registry import registry
+from workflows.representation import task_data
 from workflows.selectors import task_get_for, tasks_filtered_for
 from workflows.states import Source
 
@@ -101,7 +101,7 @@ def _validated(serializer_class, data, what: str = "The request body"):
     serializer = serializer_class(data=data)
     if not serializer.is_valid():
         raise ValidationFailed(f"{what} is not valid; see errors",
-                               errors=_plain(serializer.errors))
+                               errors=plain_errors(serializer.errors))
     return serializer.validated_data
 
 
@@ -180,14 +180,6 @@ class TaskBatchView(PilotAPIView):
                                                     [] if outcome.outcome == "created"
                                                     else None)}
         return Response({"results": [_batch_item(r) for r in results]})
-
-
-def _plain(detail):
-    if isinstance(detail, dict):
-        return {str(k): _plain(v) for k, v in detail.items()}
-    if isinstance(detail, list):
-        return [_plain(v) for v in detail]
-    return str(detail)
 
 
 def _batch_item(result: dict) -> dict:

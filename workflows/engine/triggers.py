@@ -60,15 +60,16 @@ from workflows.errors import (
     PilotError,
     TaskCancelled,
     ValidationFailed,
+    plain_errors,
 )
 from workflows.fingerprint import (
     MAX_PAYLOAD_DEPTH,
     canonical_json,
     derive_key,
     fingerprint_of,
-    normalize_key,
     payload_depth,
 )
+from workflows.keys import normalize_key
 from workflows.models import ClientWebhook, Task, TaskReplay
 from workflows.observability import tracing
 from workflows.observability.events import emit_on_commit
@@ -242,7 +243,7 @@ def payload_validate(payload: Any, workflow: Workflow | None = None) -> str:
         serializer = workflow.payload_serializer(data=payload)
         if not serializer.is_valid():
             raise ValidationFailed(f"The payload is not valid for {workflow.name}",
-                                   errors={"payload": _plain(serializer.errors)})
+                                   errors={"payload": plain_errors(serializer.errors)})
     return canonical_payload
 
 
@@ -296,14 +297,6 @@ def _refuse_unsigned(owner: Any, prepared: list[_Prepared],
         else:
             kept.append(item)
     return kept
-
-
-def _plain(errors: Any) -> Any:
-    if isinstance(errors, dict):
-        return {str(k): _plain(v) for k, v in errors.items()}
-    if isinstance(errors, list):
-        return [_plain(v) for v in errors]
-    return str(errors)
 
 
 def _shortcut(owner: Any, item: _Prepared, source: str, trace_id: str,

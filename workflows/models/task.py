@@ -25,6 +25,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
 
+from workflows.keys import MAX_KEY_LENGTH
 from workflows.states import COMPENSATION_STATES, FINISHED_STATES, LEASED_STATES, Source, TaskState
 
 MAX_ERROR_LENGTH = 4000
@@ -76,7 +77,7 @@ class Task(ConcurrentTransitionMixin, models.Model):
     # Indexed through task_owner_key_uniq and task_owner_created_idx.
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
                               related_name="pilot_tasks", db_index=False)
-    idempotency_key = models.CharField(max_length=255)
+    idempotency_key = models.CharField(max_length=MAX_KEY_LENGTH)  # the key rule: workflows.keys
     workflow = models.CharField(max_length=100)
     payload = models.JSONField(default=dict)
     fingerprint = models.CharField(max_length=64)

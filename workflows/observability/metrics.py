@@ -45,7 +45,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from workflows.conf import pilot_settings
 from workflows.observability import events
 from workflows.observability.multiproc import compact, scrape_lock
-from workflows.shared_cache import cache_soft
+from workflows.observability.shared_cache import cache_soft
 
 log = logging.getLogger("pilot.metrics")
 
@@ -143,7 +143,7 @@ class TaskStateCollector:
             counts = cache_soft("metrics read", lambda: cache.get(_CACHE_KEY), None) \
                 if ttl else None
             if counts is None:
-                counts = task_counts_by_state()
+                counts = task_counts_by_state(timeout_ms=2000)
                 if ttl:
                     cache_soft("metrics write", lambda: cache.set(_CACHE_KEY, counts, ttl), None)
         except DatabaseError as exc:

@@ -37,12 +37,12 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "workflows.login_guard.LoginDeviceMiddleware",
+    "workflows.accounts.login_guard.LoginDeviceMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 AUTHENTICATION_BACKENDS = [
-    "workflows.login_guard.LockoutBackend",
+    "workflows.accounts.login_guard.LockoutBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 

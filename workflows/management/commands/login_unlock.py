@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from workflows.login_guard import login_lockouts_clear
-from workflows.shared_cache import CacheFailure
+from workflows.accounts.login_guard import login_lockouts_clear
+from workflows.observability.shared_cache import CacheFailure
 
 
 class Command(BaseCommand):

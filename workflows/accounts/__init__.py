@@ -1,4 +1,10 @@
-"""Services for the people and systems that use PILOT: API clients, local admin."""
+"""The people and systems that use PILOT.
+
+- this module: services for their accounts — API clients and their tokens,
+  client webhook endpoints, the local admin, the CLI's and the scheduler's owners;
+- `login_guard`: lockouts after failed logins and password checks (docs/security.md);
+- `login_forms`: the admin's login and password-change forms, with the guard's answers.
+"""
 
 from __future__ import annotations
 

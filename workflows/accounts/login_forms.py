@@ -1,9 +1,9 @@
 """The admin's login and password-change forms, with the login guard's answers.
 
 - `GuardedAdminAuthenticationForm` (admin.site.login_form, set by `install`):
-  when workflows.login_guard refused an attempt before checking its password,
-  it says why — locked out for N minutes, or logins paused while the lockout
-  store is unreachable — instead of "wrong password". A lockout applies to
+  when the login guard (login_guard.py) refused an attempt before checking its
+  password, it says why — locked out for N minutes, or logins paused while the
+  lockout store is unreachable — instead of "wrong password". A lockout applies to
   unknown usernames alike, so this reveals nothing about which accounts exist.
 - `admin_password_change` (mounted over /admin/password_change/ in
   pilot/urls.py): Django's admin view with `GuardedAdminPasswordChangeForm`,
@@ -21,14 +21,14 @@ from django.contrib.admin.forms import AdminAuthenticationForm, AdminPasswordCha
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
-from workflows.login_guard import (
+from workflows.accounts.login_guard import (
     REFUSED_LOCKED,
     REFUSED_UNAVAILABLE,
     password_check_failure_record,
     password_check_lockout_remaining,
     password_check_success_record,
 )
-from workflows.shared_cache import CacheFailure
+from workflows.observability.shared_cache import CacheFailure
 
 UNAVAILABLE_MESSAGE = ("Logins are paused: the lockout store cannot be reached. Try again "
                        "shortly; the operators have been alerted.")

@@ -13,7 +13,7 @@ from collections import defaultdict
 from django.utils.html import escape
 from django.utils.safestring import SafeString
 
-from workflows.admin.svg import STATE_COLORS, Svg
+from workflows.admin.pictures.svg import STATE_COLORS, Svg
 from workflows.models import Task
 from workflows.states import TaskState as S
 

@@ -67,7 +67,7 @@ from django.dispatch import receiver
 
 from workflows.conf import pilot_settings
 from workflows.observability.events import emit
-from workflows.shared_cache import CacheFailure, cache_soft, cache_strict
+from workflows.observability.shared_cache import CacheFailure, cache_soft, cache_strict
 
 _PREFIX = "pilot:login:"
 DEVICE_COOKIE = "pilot_login_device"

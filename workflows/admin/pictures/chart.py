@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.utils.html import escape
 from django.utils.safestring import SafeString
 
-from workflows.admin.svg import Svg
+from workflows.admin.pictures.svg import Svg
 
 SERIES = [
     # (attribute of an ActivityBucket, legend, colour)
