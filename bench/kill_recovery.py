@@ -5,7 +5,7 @@ the database's clock: the figure tests/faults/test_worker_faults.py used to asse
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/pilot_bench \\
     REDIS_URL=redis://127.0.0.1:6379/0 .venv/bin/python bench/kill_recovery.py [--kills 5]
 
-Real `qcluster` and `run_dispatcher` processes (tests/procs.py) on the database
+Real `qcluster` and `run_dispatcher` processes (tests/support/procs.py) on the database
 named by DATABASE_URL (migrated; its tasks are left for inspection under the
 user `bench-kill-recovery`). Lease 3 s, dispatcher poll 0.2 s, as in the fault test.
 For each kill: four `demo.slow` runs, wait until the group holds one, note the
@@ -46,7 +46,7 @@ def main() -> None:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from tests.procs import Fleet, group_pids, wait_until
+    from tests.support.procs import Fleet, group_pids, wait_until
     from workflows.engine.store import store
     from workflows.engine.triggers import TriggerRequest, task_trigger_many
     from workflows.models import Task, TaskTransition

@@ -65,7 +65,7 @@ def _empty_redis_queue():
     """Each test starts with an empty Redis queue (the ORM broker's queue lives
     in the test database, which every test gets fresh)."""
     if settings.REDIS_URL:
-        from tests.helpers import purge_queue
+        from tests.support.helpers import purge_queue
 
         purge_queue()
     yield
@@ -103,7 +103,7 @@ def page(monkeypatch):
     # Playwright's sync API keeps an event loop running on this thread; the ORM
     # calls a test makes between browser steps are still plain synchronous ones.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    from tests.procs import ARTIFACTS
+    from tests.support.procs import ARTIFACTS
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as playwright:

@@ -3,7 +3,7 @@
 import psycopg
 import pytest
 
-from tests.pgcluster import PgCluster
+from tests.support.pgcluster import PgCluster
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

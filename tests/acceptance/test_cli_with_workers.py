@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.procs import ROOT, Fleet
+from tests.support.procs import ROOT, Fleet
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

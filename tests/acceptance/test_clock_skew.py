@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from tests.procs import Fleet, group_pids, wait_until
+from tests.support.procs import Fleet, group_pids, wait_until
 from workflows.engine.triggers import task_trigger
 from workflows.models import Task, TaskTransition
 from workflows.states import TaskState as S

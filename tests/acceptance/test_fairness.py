@@ -17,7 +17,7 @@ import time
 import pytest
 from django.db import connection, connections
 
-from tests.procs import Fleet, wait_until
+from tests.support.procs import Fleet, wait_until
 from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
 from workflows.models import Task, TaskTransition
 from workflows.states import TaskState as S

@@ -8,7 +8,7 @@ a gunicorn web process exposing the merged metrics of all of them.
    every step runs exactly once, every atomic write lands exactly once, and
    the work is spread over the processes.
 2. The same with PostgreSQL crashed and restarted mid-run — on a throwaway
-   cluster of this test's own (tests/pgcluster.py), never the shared server:
+   cluster of this test's own (tests/support/pgcluster.py), never the shared server:
    every task still succeeds, every atomic write still lands exactly once, and
    every process reconnects by itself (none is restarted by the test). During
    the outage the web process answers the scrape endpoint (200 with
@@ -27,8 +27,8 @@ import uuid
 
 import pytest
 
-from tests.pgcluster import PgCluster
-from tests.procs import ARTIFACTS, ROOT, Fleet, wait_until
+from tests.support.pgcluster import PgCluster
+from tests.support.procs import ARTIFACTS, ROOT, Fleet, wait_until
 from workflows.engine.triggers import TriggerRequest, task_trigger_many
 from workflows.models import DemoOrder, StepCheckpoint, Task, TaskTransition
 from workflows.states import TaskState as S

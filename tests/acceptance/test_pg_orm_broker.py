@@ -24,8 +24,8 @@ from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
 from tests.faults.invariants import violations
-from tests.helpers import in_thread, queued_task_ids
-from tests.procs import Fleet, wait_until
+from tests.support.helpers import in_thread, queued_task_ids
+from tests.support.procs import Fleet, wait_until
 from workflows.engine import enqueue
 from workflows.engine.triggers import task_trigger
 from workflows.models import StepCheckpoint, Task, TaskTransition

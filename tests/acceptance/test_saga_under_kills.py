@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 from django.db import connections
 
-from tests.procs import Fleet, wait_until
+from tests.support.procs import Fleet, wait_until
 from workflows.engine.operations import task_cancel
 from workflows.engine.triggers import task_trigger
 from workflows.errors import InvalidTransition
@@ -164,7 +164,7 @@ def test_sagas_and_poison_tasks_keep_every_ledger_exact_under_sigkills(owner, fl
 def test_a_step_raising_the_workers_own_signal_does_not_kill_the_worker(owner, fleet):
     """django-q2's worker loop catches only Exception: a BaseException escaping
     task_run would kill the worker process and leave its message unacknowledged."""
-    from tests.procs import group_pids
+    from tests.support.procs import group_pids
 
     fleet.dispatcher()
     group = fleet.workers()

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from tests.procs import ROOT, Fleet, wait_until
+from tests.support.procs import ROOT, Fleet, wait_until
 from workflows.cron import cron_latest_slots, cron_next
 from workflows.engine.schedule_definitions import schedule_save
 from workflows.engine.schedules import database_now, schedule_key

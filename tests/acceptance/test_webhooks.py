@@ -11,7 +11,7 @@ import pytest
 from pilot_client import verify_webhook
 from standardwebhooks import Webhook
 
-from tests.procs import Fleet, wait_until
+from tests.support.procs import Fleet, wait_until
 from tests.webhooks.receiver import Receiver
 from workflows.accounts import client_webhook_ensure
 from workflows.engine.operations import task_cancel, task_retry

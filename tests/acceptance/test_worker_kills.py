@@ -4,7 +4,7 @@ group are tests/faults/test_worker_faults.py.)"""
 
 import pytest
 
-from tests.procs import Fleet, wait_until
+from tests.support.procs import Fleet, wait_until
 from workflows.engine.triggers import task_trigger
 from workflows.models import Task
 from workflows.states import TaskState as S

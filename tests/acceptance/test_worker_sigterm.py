@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests.faults.invariants import violations
-from tests.procs import Fleet, wait_until
+from tests.support.procs import Fleet, wait_until
 from workflows.engine.triggers import task_trigger
 from workflows.models import StepCheckpoint, Task, TaskTransition
 from workflows.processes import descendants

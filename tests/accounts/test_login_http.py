@@ -19,7 +19,7 @@ import pytest
 import requests
 from django.contrib.auth import get_user_model
 
-from tests.procs import Fleet
+from tests.support.procs import Fleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

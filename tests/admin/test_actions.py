@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.factories import make_task
-from tests.helpers import drain, pop_queued
+from tests.support.helpers import drain, pop_queued
 from workflows.admin.actions import (
     ACTIONS,
     CANCEL,

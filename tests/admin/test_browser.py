@@ -29,7 +29,7 @@ from django.db import connection
 from django.utils import timezone
 
 from tests.admin.conftest import operators_group
-from tests.procs import ARTIFACTS, ROOT, Fleet, wait_until
+from tests.support.procs import ARTIFACTS, ROOT, Fleet, wait_until
 from workflows.engine.operations import task_cancel
 from workflows.engine.runner import task_run
 from workflows.engine.store.rows import CANCELLED_WHILE_RUNNING
@@ -65,7 +65,7 @@ def other_sessions() -> int:
 
 @pytest.fixture
 def fleet(settings):
-    # The workers' lease (tests/procs.py); the page derives the last heartbeat from it.
+    # The workers' lease (tests/support/procs.py); the page derives the last heartbeat from it.
     settings.PILOT_LEASE_SECONDS = 3
     fleet = Fleet()
     fleet.dispatcher()

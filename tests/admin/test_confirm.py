@@ -182,7 +182,7 @@ def test_bulk_action_over_a_mix_of_states_previews_then_reports_each_task(action
 # transaction=True: with the Redis broker an enqueue happens on commit.
 @pytest.mark.django_db(transaction=True)
 def test_bulk_retry_from_start_resets_checkpoints_and_enqueues(operator_client, owner):
-    from tests.helpers import drain, pop_queued, queued_task_ids
+    from tests.support.helpers import drain, pop_queued, queued_task_ids
     from workflows.engine.triggers import task_trigger
 
     task = task_trigger(owner=owner, key="saga-x", workflow="demo.saga",

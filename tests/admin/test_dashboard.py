@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from tests.factories import make_task
-from tests.helpers import drain, expire_lease
+from tests.support.helpers import drain, expire_lease
 from workflows.engine.triggers import task_trigger
 
 # transaction=True: with the Redis broker an enqueue happens on commit.

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from tests.factories import make_task
-from tests.helpers import drain, expire_lease
+from tests.support.helpers import drain, expire_lease
 from workflows.admin import stats
 from workflows.engine.triggers import task_trigger
 from workflows.fingerprint import fingerprint

@@ -185,7 +185,7 @@ def test_the_list_costs_the_same_queries_for_10_and_150_tasks(operator_client,
 # transaction=True: with the Redis broker an enqueue happens on commit.
 @pytest.mark.django_db(transaction=True)
 def test_the_task_page_costs_the_same_queries_for_3_and_50_steps(operator_client, owner):
-    from tests.helpers import drain
+    from tests.support.helpers import drain
     from workflows.engine.triggers import task_trigger
 
     counts = []

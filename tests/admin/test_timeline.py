@@ -7,7 +7,7 @@ import re
 import pytest
 from django.utils import timezone
 
-from tests.helpers import drain
+from tests.support.helpers import drain
 from workflows.admin.phases import retry_delay
 from workflows.admin.task_page import task_page
 from workflows.admin.text import seconds_text

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.admin.conftest import task_url
-from tests.helpers import drain, queued_task_ids
+from tests.support.helpers import drain, queued_task_ids
 from workflows.models import Task, TaskReplay
 from workflows.states import Source
 from workflows.states import TaskState as S

@@ -10,7 +10,7 @@ from django.test import Client
 
 from tests.admin.conftest import _staff, task_url
 from tests.factories import make_task
-from tests.helpers import drain, purge_queue, queued_webhooks
+from tests.support.helpers import drain, purge_queue, queued_webhooks
 from tests.webhooks.receiver import Receiver
 from workflows.accounts import client_webhook_ensure
 from workflows.engine.triggers import task_trigger

@@ -8,7 +8,7 @@ from django.db import connection
 
 from tests.api.conftest import assert_problem
 from tests.factories import make_task
-from tests.helpers import queued_task_ids
+from tests.support.helpers import queued_task_ids
 from workflows.models import Task
 from workflows.states import TaskState as S
 

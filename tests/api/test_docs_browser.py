@@ -5,7 +5,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.procs import ARTIFACTS
+from tests.support.procs import ARTIFACTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -10,7 +10,7 @@ import pytest
 import requests
 from django.db import connection
 
-from tests.procs import Fleet
+from tests.support.procs import Fleet
 from workflows.accounts import api_client_create
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -16,7 +16,7 @@ from django.test import override_settings
 from schemathesis.core.failures import FailureGroup
 from schemathesis.openapi.checks import JsonSchemaError
 
-from tests.procs import Fleet, wait_until
+from tests.support.procs import Fleet, wait_until
 from workflows.accounts import api_client_create
 from workflows.states import FINISHED_STATES
 

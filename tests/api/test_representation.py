@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.factories import make_task
-from tests.helpers import drain
+from tests.support.helpers import drain
 from workflows.api.serializers import TaskSerializer
 from workflows.engine.triggers import task_trigger
 from workflows.models import Task

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from tests.api.conftest import assert_problem, trigger
 from tests.factories import make_task
-from tests.helpers import queued_task_ids
+from tests.support.helpers import queued_task_ids
 from workflows.models import Task
 from workflows.states import TaskState as S
 

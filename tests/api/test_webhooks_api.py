@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from tests.api.conftest import assert_problem
-from tests.helpers import drain
+from tests.support.helpers import drain
 from tests.webhooks.receiver import Receiver
 from workflows.accounts import client_webhook_ensure
 from workflows.models import Task, WebhookDelivery

@@ -1,12 +1,12 @@
 """A live PILOT for the client's tests: gunicorn, a qcluster and a dispatcher
-on the test database (tests/procs.py), started once for the package and shared
+on the test database (tests/support/procs.py), started once for the package and shared
 by its tests; each test makes its own API client (user + token)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.procs import Fleet
+from tests.support.procs import Fleet
 
 
 @pytest.fixture(scope="package")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import ROOT
+from tests.support.procs import ROOT
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "client.md"
 

@@ -10,7 +10,7 @@ import pilot_client
 import pytest
 from pilot_client import PilotClient, RetryPolicy, parse_retry_after
 
-from tests.procs import free_port
+from tests.support.procs import free_port
 
 
 def test_delays_are_full_jitter_under_a_doubling_capped_ceiling():

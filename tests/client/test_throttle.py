@@ -12,7 +12,7 @@ import pilot_client
 import pytest
 from pilot_client import PilotClient, RetryPolicy
 
-from tests.procs import free_port, wait_until
+from tests.support.procs import free_port, wait_until
 from workflows.models import Task
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]

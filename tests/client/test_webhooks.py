@@ -115,7 +115,7 @@ def test_a_secret_without_its_prefix_or_padding_works_and_an_empty_one_is_refuse
 @pytest.mark.django_db(transaction=True)
 def test_a_live_pilot_delivers_what_the_client_triggered_and_the_client_verifies_it(
         pilot, api_client):
-    from tests.procs import wait_until
+    from tests.support.procs import wait_until
     from tests.webhooks.receiver import Receiver
     from workflows.accounts import client_webhook_ensure
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from django_q.models import Task as QResult
 
 from tests.factories import make_finished_tasks, make_task
-from tests.helpers import drain, run_at_once
+from tests.support.helpers import drain, run_at_once
 from workflows.engine.cleanup import tasks_cleanup
 from workflows.engine.triggers import task_trigger
 from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition

@@ -7,7 +7,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from tests.factories import make_task
-from tests.helpers import drain, queued_task_ids
+from tests.support.helpers import drain, queued_task_ids
 from workflows.models import Task
 from workflows.states import Source
 from workflows.states import TaskState as S

@@ -8,7 +8,7 @@ import pytest
 from django.db import connections, transaction
 from django.utils import timezone
 
-from tests.helpers import drain, expire_lease, pop_queued, queued_task_ids, run_at_once
+from tests.support.helpers import drain, expire_lease, pop_queued, queued_task_ids, run_at_once
 from workflows.engine import claims
 from workflows.engine.dispatcher import WAKE_MESSAGES, dispatch_once
 from workflows.engine.leases import Refused

@@ -6,8 +6,8 @@ import sys
 import pytest
 from rest_framework.test import APIClient
 
-from tests.helpers import queued_task_ids, run_at_once
-from tests.procs import _answers, free_port
+from tests.support.helpers import queued_task_ids, run_at_once
+from tests.support.procs import _answers, free_port
 from workflows.accounts import api_client_create
 from workflows.models import Task
 
@@ -43,7 +43,7 @@ def test_a_hundred_identical_triggers_over_real_sockets_make_one_202_and_99_repl
     """The same race through gunicorn (threaded workers: ~100 requests in the
     server at once), real TCP, and the real Redis queue."""
     from tests.faults.client import request
-    from tests.procs import Fleet, wait_until
+    from tests.support.procs import Fleet, wait_until
 
 
     _, token = api_client_create("socket-racer")

@@ -4,7 +4,7 @@ task, one enqueue, N-1 replays, and no error."""
 
 import pytest
 
-from tests.helpers import purge_queue, queued_task_ids, run_at_once
+from tests.support.helpers import purge_queue, queued_task_ids, run_at_once
 from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
 from workflows.errors import IdempotencyKeyReused
 from workflows.models import Task, TaskReplay
@@ -81,7 +81,7 @@ RACERS = 16
 
 
 def _fail(owner, key):
-    from tests.helpers import pop_queued
+    from tests.support.helpers import pop_queued
     from workflows.worker import run_task
 
     task = task_trigger(owner=owner, key=key, workflow="demo.saga", payload={"fail": True}).task
@@ -111,7 +111,7 @@ def test_identical_triggers_of_an_expired_key_create_one_new_task(owner):
 
     from django.db.models.functions import Now
 
-    from tests.helpers import pop_queued
+    from tests.support.helpers import pop_queued
     from workflows.worker import run_task
 
     for round_no in range(5):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import ROOT
+from tests.support.procs import ROOT
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "results.md"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import ROOT, process_env
+from tests.support.procs import ROOT, process_env
 from workflows.models import PilotSchedule, Task
 
 PAGE = ROOT / "docs" / "schedules.md"

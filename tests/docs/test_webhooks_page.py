@@ -14,8 +14,8 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import drain
-from tests.procs import ROOT, free_port, wait_until
+from tests.support.helpers import drain
+from tests.support.procs import ROOT, free_port, wait_until
 from tests.webhooks.receiver import Receiver
 from workflows.accounts import client_webhook_ensure
 from workflows.engine.deliveries import delivery_resend

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.procs import ROOT
+from tests.support.procs import ROOT
 from workflows.registry import registry
 
 PAGE = ROOT / "docs" / "writing-workflows.md"

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from django.db import OperationalError, connection
 
-from tests.helpers import audit, drain, pop_queued
+from tests.support.helpers import audit, drain, pop_queued
 from workflows.engine import faults
 from workflows.engine.triggers import task_trigger
 from workflows.models import DemoOrder, StepCheckpoint, Task, TaskReplay

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.helpers import drain, expire_lease, pop_queued
+from tests.support.helpers import drain, expire_lease, pop_queued
 from workflows.engine import faults
 from workflows.engine.leases import lease_length
 from workflows.engine.store import store

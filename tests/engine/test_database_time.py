@@ -10,7 +10,7 @@ import pytest
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from tests.helpers import pop_queued
+from tests.support.helpers import pop_queued
 from workflows.engine.claims import task_claim
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.triggers import task_trigger

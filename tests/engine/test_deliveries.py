@@ -14,7 +14,7 @@ from django.db.models.functions import Now
 from pilot_client import verify_webhook
 from standardwebhooks import Webhook
 
-from tests.helpers import drain, in_thread, pop_queued, purge_queue, queued_webhooks
+from tests.support.helpers import drain, in_thread, pop_queued, purge_queue, queued_webhooks
 from tests.webhooks.receiver import Receiver
 from workflows.accounts import client_webhook_ensure
 from workflows.backoff import backoff_ceiling

@@ -7,7 +7,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from tests.helpers import drain, expire_lease, pop_queued, queued_task_ids, wait_for
+from tests.support.helpers import drain, expire_lease, pop_queued, queued_task_ids, wait_for
 from workflows.engine.claims import task_claim
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.operations import task_cancel

@@ -13,8 +13,8 @@ import redis
 from django.utils import timezone
 from django_q.conf import Conf
 
-from tests.helpers import queued_task_ids
-from tests.procs import free_port
+from tests.support.helpers import queued_task_ids
+from tests.support.procs import free_port
 from workflows.engine import enqueue
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.triggers import task_trigger

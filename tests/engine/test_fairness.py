@@ -16,7 +16,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test import override_settings
 
-from tests.helpers import pop_queued, run_at_once
+from tests.support.helpers import pop_queued, run_at_once
 from workflows.engine import caps
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.runner import task_run

@@ -18,7 +18,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection, connections, transaction
 
-from tests.helpers import audit, drain, expire_lease, in_thread, pop_queued, wait_for
+from tests.support.helpers import audit, drain, expire_lease, in_thread, pop_queued, wait_for
 from workflows.engine.claims import task_claim, task_resume
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.leases import Refused, classify

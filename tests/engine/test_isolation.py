@@ -9,7 +9,7 @@ import uuid
 import pytest
 from django.db import OperationalError
 
-from tests.helpers import audit, expire_lease, pop_queued
+from tests.support.helpers import audit, expire_lease, pop_queued
 from workflows.engine import faults
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.loop import dispatcher_loop

@@ -6,7 +6,7 @@ import uuid
 import pytest
 from django.contrib.auth.models import Permission
 
-from tests.helpers import drain, pop_queued, queued_task_ids
+from tests.support.helpers import drain, pop_queued, queued_task_ids
 from workflows.engine.operations import task_cancel, task_retry
 from workflows.engine.triggers import task_trigger
 from workflows.errors import (

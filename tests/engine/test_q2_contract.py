@@ -17,8 +17,8 @@ from django_q.signing import SignedPackage
 from django_q.tasks import async_task
 
 from tests.factories import make_task
-from tests.helpers import _raw_packages, purge_queue, queued_task_ids
-from tests.procs import Fleet, wait_until
+from tests.support.helpers import _raw_packages, purge_queue, queued_task_ids
+from tests.support.procs import Fleet, wait_until
 from workflows.cluster import cluster_name
 from workflows.engine import enqueue
 from workflows.models import Task

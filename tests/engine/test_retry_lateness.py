@@ -13,7 +13,7 @@ import pytest
 from django.db import connections
 from django.db.models.functions import Now
 
-from tests.helpers import pop_queued, wait_for
+from tests.support.helpers import pop_queued, wait_for
 from workflows.engine.loop import dispatcher_loop
 from workflows.engine.triggers import task_trigger
 from workflows.errors import RetryableError

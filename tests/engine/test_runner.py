@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tests.helpers import drain, expire_lease, pop_queued
+from tests.support.helpers import drain, expire_lease, pop_queued
 from workflows.engine.claims import task_claim
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.triggers import task_trigger

@@ -12,7 +12,15 @@ import uuid
 
 import pytest
 
-from tests.helpers import audit, drain, expire_lease, in_thread, ledger, pop_queued, wait_for
+from tests.support.helpers import (
+    audit,
+    drain,
+    expire_lease,
+    in_thread,
+    ledger,
+    pop_queued,
+    wait_for,
+)
 from workflows.engine import faults
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.operations import task_cancel

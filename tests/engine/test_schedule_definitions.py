@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.core.management import call_command
 
-from tests.helpers import run_at_once
+from tests.support.helpers import run_at_once
 from workflows.engine.schedule_definitions import (
     schedule_delete,
     schedule_save,

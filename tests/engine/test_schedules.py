@@ -11,7 +11,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 from rest_framework import serializers
 
-from tests.helpers import run_at_once
+from tests.support.helpers import run_at_once
 from workflows.engine.schedule_definitions import schedule_save
 from workflows.engine.schedules import (
     MAX_CATCH_UP,

@@ -17,7 +17,7 @@ import pytest
 from django.conf import settings
 from django.db import connection, connections
 
-from tests.helpers import pop_queued
+from tests.support.helpers import pop_queued
 from workflows.engine.claims import task_claim
 from workflows.engine.runner import task_run
 from workflows.engine.triggers import task_trigger

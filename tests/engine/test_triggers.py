@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from tests.factories import make_task
-from tests.helpers import queued_task_ids
+from tests.support.helpers import queued_task_ids
 from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
 from workflows.errors import (
     IdempotencyKeyInvalid,

@@ -12,7 +12,7 @@ import pytest
 
 from tests.faults.client import request
 from tests.faults.invariants import Observed, violations
-from tests.procs import Fleet, wait_until
+from tests.support.procs import Fleet, wait_until
 from workflows.accounts import api_client_create
 from workflows.models import StepCheckpoint, Task
 from workflows.states import FINISHED_STATES

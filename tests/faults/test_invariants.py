@@ -11,7 +11,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from tests.faults.invariants import Observed, violations
-from tests.helpers import drain
+from tests.support.helpers import drain
 from workflows.engine.triggers import task_trigger
 from workflows.models import DemoLedger, DemoOrder, StepCheckpoint, Task, TaskTransition
 from workflows.states import FINISHED_STATES

@@ -1,5 +1,5 @@
 """PostgreSQL restarts under load, on a throwaway cluster of the test's own
-(`tests/pgcluster.py`): a fast restart, then a crash (immediate stop) and a
+(`tests/support/pgcluster.py`): a fast restart, then a crash (immediate stop) and a
 start. Clients keep triggering through gunicorn the whole time, retrying with
 the same key on 503 as upstreams do. The API must answer only 2xx or 503
 (never 500), nothing acknowledged may be lost, workers and dispatcher must
@@ -16,8 +16,8 @@ from collections import Counter
 import pytest
 
 from tests.faults.client import request
-from tests.pgcluster import PgCluster
-from tests.procs import ROOT, Fleet, wait_until
+from tests.support.pgcluster import PgCluster
+from tests.support.procs import ROOT, Fleet, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

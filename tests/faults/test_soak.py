@@ -18,7 +18,7 @@ import pytest
 
 from tests.faults.client import request
 from tests.faults.invariants import Observed, violations
-from tests.procs import Fleet, group_pids, rss_kib, wait_until
+from tests.support.procs import Fleet, group_pids, rss_kib, wait_until
 from workflows.accounts import api_client_create
 from workflows.models import Task
 from workflows.states import FINISHED_STATES

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from tests.faults.invariants import violations
-from tests.procs import Fleet, group_pids, wait_until
+from tests.support.procs import Fleet, group_pids, wait_until
 from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
 from workflows.models import DemoOrder, StepCheckpoint, Task, TaskTransition
 from workflows.states import FINISHED_STATES

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.procs import ARTIFACTS, ROOT, free_port, wait_until
+from tests.support.procs import ARTIFACTS, ROOT, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 

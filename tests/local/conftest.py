@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from tests.procs import ROOT, free_port
+from tests.support.procs import ROOT, free_port
 from workflows.processes import descendants
 
 # Our own variables (and those of the `make test` running us): a developer's

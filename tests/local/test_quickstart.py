@@ -18,7 +18,7 @@ from http.cookiejar import CookieJar
 import pytest
 
 from tests.local.conftest import _TEST_ONLY, skip_on_postgres
-from tests.procs import ROOT
+from tests.support.procs import ROOT
 
 pytestmark = [pytest.mark.slow, skip_on_postgres]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.local.conftest import _TEST_ONLY, skip_on_postgres, start_time, still_running
-from tests.procs import ROOT
+from tests.support.procs import ROOT
 from workflows.processes import descendants
 
 pytestmark = [pytest.mark.slow, skip_on_postgres]

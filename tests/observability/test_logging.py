@@ -15,8 +15,8 @@ import pytest
 from django.utils import timezone
 
 from tests.factories import make_finished_tasks
-from tests.helpers import drain, expire_lease, pop_queued
-from tests.procs import ROOT
+from tests.support.helpers import drain, expire_lease, pop_queued
+from tests.support.procs import ROOT
 from workflows.engine.cleanup import tasks_cleanup
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.operations import task_cancel

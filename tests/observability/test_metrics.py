@@ -9,8 +9,8 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.factories import S
-from tests.helpers import drain
-from tests.procs import ROOT
+from tests.support.helpers import drain
+from tests.support.procs import ROOT
 from workflows.engine.triggers import task_trigger
 from workflows.errors import PilotError
 
@@ -73,7 +73,7 @@ def test_dispatcher_actions_are_counted(owner):
 
     from django.utils import timezone
 
-    from tests.helpers import pop_queued
+    from tests.support.helpers import pop_queued
     from workflows.engine.dispatcher import dispatch_once
     from workflows.models import Task
 

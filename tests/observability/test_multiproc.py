@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from tests.procs import free_port, wait_until
+from tests.support.procs import free_port, wait_until
 from workflows.observability import multiproc
 from workflows.observability.multiproc import compact, scrape_lock
 

@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from tests.helpers import drain
-from tests.procs import ROOT
+from tests.support.helpers import drain
+from tests.support.procs import ROOT
 from tests.webhooks.receiver import Receiver
 from workflows.accounts import client_webhook_ensure
 from workflows.engine.runner import task_run

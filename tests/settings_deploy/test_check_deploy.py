@@ -11,7 +11,7 @@ import sys
 import pytest
 from django.core.management.utils import get_random_secret_key
 
-from tests.procs import ROOT
+from tests.support.procs import ROOT
 
 
 def production_env(**overrides) -> dict:

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tests.procs import ROOT, Proc
 from tests.settings_deploy.test_check_deploy import production_env
+from tests.support.procs import ROOT, Proc
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.procs import ROOT
 from tests.settings_deploy.test_check_deploy import effective, production_env
+from tests.support.procs import ROOT
 
 OLD_PUBLIC_CONSTANT = "django-insecure-local-development-key-do-not-use-in-production"
 

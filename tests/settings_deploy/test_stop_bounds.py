@@ -9,7 +9,7 @@ import runpy
 import pytest
 from django.conf import settings
 
-from tests.procs import ROOT
+from tests.support.procs import ROOT
 
 UNITS = ["pilot-web", "pilot-worker", "pilot-dispatcher"]
 

@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django_fsm import ConcurrentTransition
 
 from tests.factories import TTL, make_task, transition_kwargs
-from tests.helpers import purge_queue, queued_webhooks
+from tests.support.helpers import purge_queue, queued_webhooks
 from workflows.engine.enqueue import uses_orm_broker
 from workflows.engine.store import rows
 from workflows.models import Task, WebhookDelivery
