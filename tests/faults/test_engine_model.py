@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -88,6 +89,7 @@ BEHAVIOURS = ("ok", "retryable", "fatal")
 # effects (an "external system") are counted here, the atomic ones are ledger rows.
 MODE = {"c": "ok", "undo_b": "ok"}
 EFFECTS: Counter = Counter()
+OWNER: list = []  # the owner of every example's task, set by the test
 
 
 def _ledger(ctx, action):
@@ -137,24 +139,44 @@ if registry.find(WORKFLOW) is None:
     _wf.add_step("c", _c)
 
 
-def _read_state(task_id):
-    """(task, {step name: step}, Counter of ledger actions, [(transition, from, to)])."""
-    from types import SimpleNamespace
+# Everything the invariants read, in one statement (it runs after every rule of
+# every example): the task's state, its steps, the ledger and the audit trail,
+# each row tagged with its kind. Portable: the SQLite pass runs it too.
+_STATE_SQL = """
+    SELECT 0 AS kind, CAST(0 AS bigint) AS seq, state AS a, CAST(NULL AS text) AS b,
+           CAST(NULL AS text) AS c, CAST(NULL AS bigint) AS n, CAST(NULL AS bigint) AS m,
+           CAST(NULL AS boolean) AS flag
+      FROM workflows_task WHERE id = %s
+    UNION ALL
+    SELECT 1, 0, name, state, NULL, attempts, compensation_attempts, compensable
+      FROM workflows_stepcheckpoint WHERE task_id = %s
+    UNION ALL
+    SELECT 2, 0, action, NULL, NULL, count(*), NULL, NULL FROM workflows_demoledger GROUP BY action
+    UNION ALL
+    SELECT 3, id, transition, from_state, to_state, NULL, NULL, NULL
+      FROM workflows_tasktransition WHERE task_id = %s
+    ORDER BY kind, seq
+"""
 
+
+def _read_state(task_id):
+    """(task, {step name: step}, Counter of ledger actions, [(transition, from, to)]),
+    read in one round trip."""
     pk = Task._meta.pk.get_db_prep_value(task_id, connection)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT state FROM workflows_task WHERE id = %s", [pk])
-        task = SimpleNamespace(state=cursor.fetchone()[0])
-        cursor.execute("SELECT name, state, attempts, compensation_attempts, compensable "
-                       "FROM workflows_stepcheckpoint WHERE task_id = %s", [pk])
-        cps = {row[0]: SimpleNamespace(name=row[0], state=row[1], attempts=row[2],
-                                       compensation_attempts=row[3], compensable=bool(row[4]))
-               for row in cursor.fetchall()}
-        cursor.execute("SELECT action, count(*) FROM workflows_demoledger GROUP BY action")
-        ledger = Counter(dict(cursor.fetchall()))
-        cursor.execute("SELECT transition, from_state, to_state FROM workflows_tasktransition "
-                       "WHERE task_id = %s ORDER BY id", [pk])
-        history = cursor.fetchall()
+        cursor.execute(_STATE_SQL, [pk, pk, pk])
+        rows = cursor.fetchall()
+    task, cps, ledger, history = None, {}, Counter(), []
+    for kind, _, a, b, c, n, m, flag in rows:
+        if kind == 0:
+            task = SimpleNamespace(state=a)
+        elif kind == 1:
+            cps[a] = SimpleNamespace(name=a, state=b, attempts=n, compensation_attempts=m,
+                                     compensable=bool(flag))
+        elif kind == 2:
+            ledger[a] = n
+        else:
+            history.append((a, b, c))
     return task, cps, ledger, history
 
 
@@ -213,11 +235,13 @@ class EngineMachine(RuleBasedStateMachine):
 
     @initialize(step=sampled_from(BEHAVIOURS), compensation=sampled_from(BEHAVIOURS))
     def fresh(self, step, compensation):
-        for model in (DemoLedger, TaskTransition, StepCheckpoint, TaskReplay, WebhookDelivery,
-                      Task):
-            model.objects.all().delete()
-        self.owner, _ = get_user_model().objects.get_or_create(username="model-owner")
-        client_webhook_ensure(self.owner)
+        # Plain DELETEs, children first (the ORM's delete() would first collect
+        # the cascades: a dozen statements more per example).
+        with connection.cursor() as cursor:
+            for model in (DemoLedger, TaskTransition, StepCheckpoint, TaskReplay,
+                          WebhookDelivery, Task):
+                cursor.execute(f"DELETE FROM {model._meta.db_table}")
+        self.owner = OWNER[0]
         MODE.update(c=step, undo_b=compensation)
         EFFECTS.clear()
         self.task_id = None  # the key never expires here: one task for the whole example
@@ -230,8 +254,12 @@ class EngineMachine(RuleBasedStateMachine):
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def task(self) -> Task | None:
-        return Task.objects.filter(pk=self.task_id).first() if self.task_id else None
+    def task(self) -> SimpleNamespace | None:
+        """The task's pk, state and payload (what the rules decide on)."""
+        if self.task_id is None:
+            return None
+        row = Task.objects.filter(pk=self.task_id).values("pk", "state", "payload").first()
+        return SimpleNamespace(**row) if row else None
 
     def _observe(self, cps=None) -> None:
         """Count checkpoints entering the states whose effects are exactly-once."""
@@ -415,9 +443,11 @@ class EngineMachine(RuleBasedStateMachine):
     def every_ending_has_exactly_one_delivery(self):
         """Checked once per example: deliveries are only ever inserted (in the
         transaction of the ending), so a duplicate made mid-run is still here."""
-        task = self.task()
+        task = (Task.objects.filter(pk=self.task_id).values("pk", "restarts").first()
+                if self.task_id else None)
         if task is None:
             return
+        task = SimpleNamespace(**task)
         endings, restarts = [], 0
         for name, target in TaskTransition.objects.filter(task_id=task.pk).order_by(
                 "id").values_list("transition", "to_state"):
@@ -431,23 +461,22 @@ class EngineMachine(RuleBasedStateMachine):
 
     def teardown(self):
         """With failures switched off, the workers and the dispatcher finish it."""
-        task = self.task()
         self.runs.clear()
-        if task is None:
+        if self.task_id is None:
             return
+        row = Task.objects.filter(pk=self.task_id)  # its state only: read up to 30 times
         MODE.update(c="ok", undo_b="ok")
         for _ in range(30):
-            task.refresh_from_db()
-            if task.state in FINISHED_STATES:
+            if row.values_list("state", flat=True).get() in FINISHED_STATES:
                 break
             self.leases_run_out()
             self.backoff_elapses()
             dispatch_once()
             self._observe()
-            for _ in Run(task.pk, "finisher").steps():
+            for _ in Run(self.task_id, "finisher").steps():
                 self._observe()
-        task.refresh_from_db()
-        assert task.state in FINISHED_STATES, (task.state, task.error)
+        state, error = row.values_list("state", "error").get()
+        assert state in FINISHED_STATES, (state, error)
         self.promises_hold()
         self.every_ending_has_exactly_one_delivery()
         assert violations(require_terminal=True) == []
@@ -455,6 +484,10 @@ class EngineMachine(RuleBasedStateMachine):
 
 def test_the_engine_keeps_its_promises_under_any_interleaving():
     on_postgres = connection.vendor == "postgresql"
+    # The owner (and its webhook secret) outlives the examples: created once.
+    owner, _ = get_user_model().objects.get_or_create(username="model-owner")
+    client_webhook_ensure(owner)
+    OWNER[:] = [owner]
     examples = int(os.environ.get("PILOT_MODEL_EXAMPLES") or (2000 if on_postgres else 300))
     EngineMachine.TestCase.settings = settings(
         max_examples=examples, stateful_step_count=25, deadline=None, derandomize=True,
