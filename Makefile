@@ -75,7 +75,7 @@ test-sqlite: $(VENV)/.installed-dev
 MODEL_TEST := tests/faults/test_engine_model.py::test_the_engine_keeps_its_promises_under_any_interleaving
 
 ## test-model: the engine model alone on PostgreSQL (PILOT_MODEL_EXAMPLES, 2 000 by
-## default, ~5 minutes on an idle 2-core machine; make test runs it inside the
+## default, 10-20 minutes on 2 cores; make test runs it inside the
 ## PostgreSQL pass). docs/testing.md, "Where the time goes", has the suite's split.
 test-model: $(VENV)/.installed-dev
 	@case "$$DATABASE_URL" in \
