@@ -21,7 +21,6 @@ from django.db import transaction
 from django.utils import timezone
 from django_q.conf import Conf
 from django_q.models import OrmQ
-from django_q.signing import SignedPackage
 
 from tests.faults.invariants import violations
 from tests.support.helpers import in_thread, queued_task_ids
@@ -108,10 +107,11 @@ def test_a_real_cluster_on_the_orm_broker_consumes_and_recovers_a_crash(owner, o
             "name", "attempts")) == {"s0": 1, "s1": 2, "s2": 1}
         assert violations(tasks=Task.objects.filter(pk__in=ids)) == []
         # The clusters took the rows (django-q2 locks a row it hands a worker and deletes
-        # it once done): only the killed group's deliveries are left, still locked, the
-        # long run's among them; none is waiting, and Redis never saw a message.
+        # it once done): only the killed group's deliveries can be left, still locked;
+        # none is waiting, and Redis never saw a message. (Which rows the killed group
+        # held is timing: a worker may have claimed the long run from the table while
+        # draining, before its own message arrived.)
         left = list(OrmQ.objects.values_list("payload", "lock"))
-        assert str(long.pk) in {SignedPackage.loads(p)["args"][0] for p, _ in left}
         assert all(lock > timezone.now() for _, lock in left)
         assert redis_queue_length() == 0
     finally:
