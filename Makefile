@@ -96,7 +96,7 @@ test-main: $(VENV)/.installed-dev chromium
 	     echo "DATABASE_URL is not PostgreSQL: PostgreSQL/Redis tests not run (CI runs them)";; \
 	esac
 
-## test-pg-orm-broker: the engine and concurrency tests on PostgreSQL with the ORM
+## test-pg-orm-broker: the engine, windows and concurrency tests on PostgreSQL with the ORM
 ## broker (REDIS_URL unset: messages are rows in the same database, written in the
 ## trigger's transaction) -- the combination `make test` does not run (it runs
 ## SQLite+ORM and PostgreSQL+Redis). ~4 minutes; not part of `make test`.
@@ -104,7 +104,7 @@ test-pg-orm-broker: $(VENV)/.installed-dev
 	@case "$$DATABASE_URL" in postgres*) ;; \
 	  *) echo "test-pg-orm-broker needs DATABASE_URL=postgres://..." >&2; exit 1;; esac
 	env -u REDIS_URL -u PILOT_REQUIRE_POSTGRES \
-		$(PY) -m pytest -q -m "not redis and not slow" tests/engine tests/concurrency
+		$(PY) -m pytest -q -m "not redis and not slow" tests/engine tests/windows tests/concurrency
 
 ## mutate: the mutation check, not part of `make test` (docs/testing.md): eleven
 ## deliberate engine bugs, one at a time, each in a `git archive HEAD` copy (the

@@ -35,19 +35,19 @@ def transition_kwargs(name: str, task: Task | None = None) -> dict:
         "resume": {"worker": "test-worker", "now": now, "lease": timedelta(seconds=60)},
         "compensate": {"error": "boom", "error_type": "NonRetryableError"},
         "defer": {"next_attempt_at": now},
-        "succeed": {"result": {"ok": True}, "now": now, "ttl": TTL},
+        "succeed": {"result": {"ok": True}, "now": now},
         "schedule_retry": {"error": "boom", "error_type": "RetryableError",
                            "next_attempt_at": now},
         "recover": {"next_attempt_at": now},
-        "fail": {"error": "boom", "error_type": "NonRetryableError", "now": now, "ttl": TTL},
-        "cancel": {"needs_compensation": False, "now": now, "ttl": TTL},
-        "finish_cancel": {"now": now, "ttl": TTL},
+        "fail": {"error": "boom", "error_type": "NonRetryableError", "now": now},
+        "cancel": {"needs_compensation": False, "now": now},
+        "finish_cancel": {"now": now},
         "retry": {"budget": 3, "now": now},
     }[name]
 
 
 def make_task(owner, *, state=S.PENDING, workflow="demo.echo", payload=None, key=None,
-              max_attempts=3, callback_url="") -> Task:
+              max_attempts=3, callback_url="", ttl: timedelta = TTL) -> Task:
     payload = {"n": 1} if payload is None else payload
     now = timezone.now()
     with transaction.atomic():
@@ -55,7 +55,7 @@ def make_task(owner, *, state=S.PENDING, workflow="demo.echo", payload=None, key
             owner=owner, idempotency_key=key or uuid.uuid4().hex, workflow=workflow,
             payload=payload, fingerprint=fingerprint(workflow, payload),
             max_attempts=max_attempts, created_at=now, updated_at=now, enqueued_at=now,
-            next_attempt_at=now, callback_url=callback_url)
+            next_attempt_at=now, callback_url=callback_url, idempotency_ttl=ttl)
         for name in PATHS[state]:
             store().transition(task, name, at=now, actor="test", **transition_kwargs(name, task))
     assert task.state == state
@@ -86,7 +86,7 @@ def make_finished_tasks(owner, n: int, *, finished_ago: timedelta = timedelta(da
                       payload=payload, fingerprint=fp, state=state, result={"ok": True},
                       attempts=1, max_attempts=3, lease_token=1, created_at=finished,
                       updated_at=finished, started_at=finished, finished_at=finished,
-                      expires_at=finished + ttl)
+                      idempotency_ttl=ttl, expires_at=finished + ttl)
                  for i in range(start, min(n, start + batch))]
         Task.objects.bulk_create(tasks)
         StepCheckpoint.objects.bulk_create(

@@ -18,7 +18,7 @@ os.environ.setdefault("PILOT_TEST_DRAIN_SECONDS", "0")
 os.environ.setdefault("PILOT_DEMO_WORKFLOWS", "true")
 # Fair shares: most tests run several tasks of one client at once on purpose (races,
 # recoveries, kills), so the suite runs without the per-client cap unless a test asks
-# for it: tests/engine/test_fairness.py sets caps per test, and the real-process proof
+# for it: tests/engine/test_caps.py sets caps per test, and the real-process proof
 # (tests/acceptance/test_fairness.py) runs its processes with PILOT_TEST_CAPS=default,
 # i.e. with the production default of pilot/settings.py.
 _DEFAULT_CAPS = os.environ.get("PILOT_TEST_CAPS") == "default"

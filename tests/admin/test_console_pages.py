@@ -43,7 +43,7 @@ def test_the_list_shows_the_running_step_and_the_failed_error_with_times_on_hove
     make_task(owner, state=S.FAILED, key="broke")  # error "boom" (the factory's)
     long_error = make_task(owner, state=S.RUNNING, key="long-error")
     store().transition(long_error, "fail", at=timezone.now(), actor="test", error="E" * 500,
-                       error_type="X", now=timezone.now(), ttl=timedelta(hours=1))
+                       error_type="X", now=timezone.now())
     html = operator_client.get(LIST_URL).content.decode()
     for column in ("state_badge", "workflow_link", "key_short", "age", "duration",
                    "step_or_error"):

@@ -141,7 +141,7 @@ def test_a_zombie_worker_cannot_commit_its_atomic_step_after_a_takeover(owner, t
 def test_a_stale_token_is_refused_while_the_new_holder_writes(owner):
     """A worker two token changes behind (recover, a new claim) is refused on a step
     write and a fence check, while the new holder's write goes through. Every
-    kind of write after every kind of token change: tests/engine/test_fencing.py."""
+    kind of write after every kind of token change: tests/windows/test_fencing.py."""
     task = task_trigger(owner=owner, key="stale", workflow="demo.echo", payload={}).task
     pop_queued()
     first = claims.task_claim(task_id=task.pk, worker="first")

@@ -66,6 +66,37 @@ def test_every_relative_link_resolves(page):
     assert broken_links(page) == []
 
 
+# A test path a page names (`tests/engine/test_caps.py`, `…/test_x.py::test_y`), in
+# prose or in code: the tests move (docs/testing.md, "Where tests live").
+TEST_PATH = re.compile(r"(?<![\w/.-])(tests/[\w/.-]*\w)(?:::(\w+))?")
+
+
+def missing_test_paths(text: str) -> list[str]:
+    problems = []
+    for path, name in TEST_PATH.findall(text):
+        if not (ROOT / path).exists():
+            problems.append(f"{path}: no such file or folder")
+        elif name and not re.search(rf"^\s*(?:async )?def {name}\(", (ROOT / path).read_text(),
+                                    flags=re.M):
+            problems.append(f"{path}::{name}: no such test")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_test_path_a_page_names_exists(page):
+    assert missing_test_paths(page.read_text()) == []
+
+
+def test_the_path_checker_finds_a_moved_file_and_a_renamed_test():
+    text = ("`tests/docs/test_links.py::test_the_readme_stays_short`, tests/engine/store/ "
+            "and `tests/…` are there; `tests/engine/test_fencing.py` moved, "
+            "`tests/docs/test_links.py::test_gone` never was.")
+    assert missing_test_paths(text) == [
+        "tests/engine/test_fencing.py: no such file or folder",
+        "tests/docs/test_links.py::test_gone: no such test",
+    ]
+
+
 def test_the_readme_stays_short():
     """Issue 13: a newcomer reads it in two minutes; everything else lives in docs/."""
     assert len((ROOT / "README.md").read_text()) <= 8000

@@ -1,6 +1,8 @@
 """The task state machine (docs/design.md): every edge, every refusal, the audit
 row, the token every transition moves on, and compare-and-set saves."""
 
+from datetime import timedelta
+
 import pytest
 from django.db import transaction
 from django.utils import timezone
@@ -102,9 +104,12 @@ def test_retry_grants_a_fresh_budget_while_attempts_keep_counting(owner):
     assert task.error == "" and task.finished_at is None and task.expires_at is None
 
 
-def test_finishing_sets_expiry_from_the_ttl(owner):
-    task = make_task(owner, state=S.SUCCEEDED)
-    assert task.expires_at - task.finished_at == transition_kwargs("succeed")["ttl"]
+def test_finishing_sets_expiry_from_the_tasks_own_ttl(owner):
+    task = make_task(owner, state=S.SUCCEEDED, ttl=timedelta(minutes=7))
+    assert task.expires_at - task.finished_at == timedelta(minutes=7)
+    task.refresh_from_db()
+    assert (task.idempotency_ttl, task.expires_at - task.finished_at) == (
+        timedelta(minutes=7), timedelta(minutes=7))
 
 
 def test_state_cannot_be_assigned(owner):

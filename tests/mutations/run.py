@@ -61,7 +61,7 @@ MUTANTS = (
      WHERE id = %(task_id)s
        FOR SHARE
 ), written AS ("""),),
-        ("tests/engine/test_fencing.py::"
+        ("tests/windows/test_fencing.py::"
          "test_every_write_of_a_running_worker_is_refused_after_every_token_change",
          "tests/concurrency/test_execution_races.py::"
          "test_a_stale_token_is_refused_while_the_new_holder_writes"),
@@ -77,7 +77,7 @@ WITH changed AS (
 WITH changed AS (
     UPDATE workflows_task SET {sets}
      WHERE id = %(task_id)s"""),),
-        ("tests/engine/test_fencing.py::"
+        ("tests/windows/test_fencing.py::"
          "test_every_write_of_a_running_worker_is_refused_after_every_token_change",),
     ),
     Mutant(
@@ -145,9 +145,9 @@ WITH changed AS (
         "workflows/engine/compensation.py",
         (("        if cp.state not in TO_COMPENSATE or not cp.compensable:",
           "        if not cp.compensable:"),),
-        ("tests/engine/test_saga_windows.py::"
+        ("tests/windows/test_saga_windows.py::"
          "test_a_retryable_compensation_error_waits_its_backoff_then_any_worker_resumes",
-         "tests/engine/test_saga_windows.py::"
+         "tests/windows/test_saga_windows.py::"
          "test_a_crash_while_a_failure_compensates_resumes_the_compensations_not_the_steps"),
     ),
     Mutant(
@@ -157,7 +157,7 @@ WITH changed AS (
         (("    now = store().db_now()\n    report = DispatchReport(db_now=now)",
           "    now = __import__('django.utils.timezone', fromlist=['now']).now()\n"
           "    report = DispatchReport(db_now=now)"),),
-        ("tests/engine/test_database_time.py",),
+        ("tests/windows/test_database_time.py",),
     ),
     Mutant(
         "signal-escapes-task-run",
@@ -166,7 +166,7 @@ WITH changed AS (
         (("        except WorkerSignal as signal:  # every path handles its own; never let one "
           "escape\n            self._lost(signal)",
           "        except WorkerSignal:\n            raise"),),
-        ("tests/engine/test_isolation.py::test_task_run_returns_normally_whatever_is_raised_"
+        ("tests/windows/test_isolation.py::test_task_run_returns_normally_whatever_is_raised_"
          "inside_it",),
     ),
 )

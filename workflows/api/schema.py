@@ -66,7 +66,7 @@ IDEMPOTENCY_KEY = OpenApiParameter(
                 "are the same key. Scoped to the calling client. Required unless the body carries "
                 "`task_id` or the workflow derives keys from its payload (`key_fields`). "
                 "Remembered until the task finished and the workflow's idempotency TTL "
-                "(default 24 h) passed.")
+                "(default 24 h; as it was at the trigger) passed.")
 
 TRIGGER_DESCRIPTION = (
     "Trigger a workflow. Idempotent per (client, key): 202 + Location for a new task; "

@@ -174,9 +174,9 @@ def _end(run: Run, problems: list[str]) -> None:
         else:
             error, error_type = task.error, task.error_type
         run.transition("fail", reason=error_type or "failed", error=error, error_type=error_type,
-                       now=now, ttl=run.ttl())
+                       now=now)
         run.report.outcome = "failed"
         return
     run.transition("finish_cancel", reason="in-flight work ended, compensations ran",
-                   error=error, error_type=error_type, now=now, ttl=run.ttl())
+                   error=error, error_type=error_type, now=now)
     run.report.outcome = "cancelled"

@@ -53,7 +53,7 @@ from workflows.engine.plans import owed_compensations
 from workflows.engine.store import store
 from workflows.models import StepCheckpoint, Task, TaskTransition
 from workflows.observability.events import emit, emit_on_commit
-from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, RetryPolicy, registry
+from workflows.registry import RetryPolicy, registry
 from workflows.states import COMPENSATION_STATES, StepState, TaskState
 
 BATCH = 200
@@ -132,11 +132,9 @@ def _each(tasks: list[Task], report: DispatchReport, handle: Callable[[Task], No
                  workflow=task.workflow, error=f"{type(exc).__name__}: {exc}"[:300])
 
 
-def _policy_and_ttl(task: Task) -> tuple[RetryPolicy, timedelta]:
+def _policy(task: Task) -> RetryPolicy:
     workflow = registry.find(task.workflow)
-    if workflow is None:
-        return _DEFAULT_POLICY, DEFAULT_IDEMPOTENCY_TTL
-    return workflow.policy, workflow.idempotency_ttl
+    return workflow.policy if workflow is not None else _DEFAULT_POLICY
 
 
 def _recover_expired_leases(now: datetime, batch: int, actor: str,
@@ -147,7 +145,7 @@ def _recover_expired_leases(now: datetime, batch: int, actor: str,
         owed = owed_compensations([t.pk for t in tasks]) if tasks else {}
 
         def recover(task: Task) -> None:
-            policy, ttl = _policy_and_ttl(task)
+            policy = _policy(task)
             reason = (f"lease held by {task.lease_owner or '?'} expired at "
                       f"{task.lease_expires_at.isoformat()}")  # type: ignore[union-attr]  # held
             # No worker runs its step any more: say so (the next attempt rewrites it).
@@ -174,7 +172,7 @@ def _recover_expired_leases(now: datetime, batch: int, actor: str,
                     task, "fail", at=now, actor=actor, reason=reason,
                     error=f"worker lost on attempt {task.attempts} of {task.max_attempts}: "
                           "lease expired with no attempts left",
-                    error_type="LeaseExpired", now=now, ttl=ttl)
+                    error_type="LeaseExpired", now=now)
                 report.failed += 1
             emit_on_commit("task_recovered", task_id=str(task.pk), workflow=task.workflow,
                            attempt=task.attempts, to_state=task.state,
@@ -208,13 +206,12 @@ def _enqueue_due(now: datetime, batch: int, actor: str, report: DispatchReport) 
 
         def settle(task: Task) -> None:
             if task.state == TaskState.CANCELLING and not owed.get(task.pk):
-                _, ttl = _policy_and_ttl(task)
                 StepCheckpoint.objects.filter(task_id=task.pk, state=StepState.RUNNING).update(
                     state=StepState.FAILED, error="interrupted: its worker was lost during "
                                                   "the cancel", finished_at=now)
                 store().transition(task, "finish_cancel", at=now, actor=actor,
                                    reason="its worker is gone and nothing needs compensating",
-                                   now=now, ttl=ttl)
+                                   now=now)
                 report.cancels_finished += 1
                 return
             to_enqueue.append(task.pk)

@@ -29,7 +29,6 @@ from workflows.engine.store import store
 from workflows.errors import InvalidTransition, PermissionDenied, TaskNotFound
 from workflows.models import StepCheckpoint, Task
 from workflows.observability.events import emit_on_commit
-from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, registry
 from workflows.selectors import can_view_all
 from workflows.states import StepState
 
@@ -74,11 +73,8 @@ def task_cancel(*, task_id: Any, user: Any, reason: str = "", owner_may: bool = 
         plan = cancel_plan(task, owed_compensations([task.pk]).get(task.pk, []))
         if not plan.allowed:
             raise InvalidTransition(_sentence(plan.summary))
-        workflow = registry.find(task.workflow)
         store().transition(task, "cancel", at=now, actor=actor_for(user), reason=reason,
-                           needs_compensation=plan.compensate,
-                           now=now,
-                           ttl=workflow.idempotency_ttl if workflow else DEFAULT_IDEMPOTENCY_TTL,
+                           needs_compensation=plan.compensate, now=now,
                            set_fields={"enqueued_at": now} if plan.enqueue else None)
         if plan.enqueue:
             enqueue_on_commit([task.pk])

@@ -65,7 +65,7 @@ from workflows.errors import CancelRequested, LeaseLost, WorkerSignal, WorkflowC
 from workflows.models import StepCheckpoint, Task, TaskTransition
 from workflows.observability import tracing
 from workflows.observability.events import emit, emit_on_commit, log_context
-from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, Step, registry
+from workflows.registry import Step
 from workflows.states import TO_COMPENSATE, TaskState
 
 T = TypeVar("T")
@@ -177,8 +177,8 @@ class Run:
         self.actor = f"worker:{worker}"
         self.report = RunReport(self.task_id)
         self.store = store()
-        # None until the claim (_hold) or the plan is built; only _drive, ttl() and
-        # _emit() can run before that, and they test for it.
+        # None until the claim (_hold) or the plan is built; only _drive and _emit()
+        # can run before that, and they test for it.
         self.task: Task = None  # type: ignore[assignment]
         self.lease: Lease = None  # type: ignore[assignment]
         self.clock: DbClock = None  # type: ignore[assignment]
@@ -288,7 +288,7 @@ class Run:
         todo = plan.todo()
         if not todo:  # every step is recorded; the ending was lost with its worker
             self.transition("succeed", result=outputs[plan.steps[-1].name],
-                            now=self.clock.now(), ttl=self.ttl())
+                            now=self.clock.now())
             self.report.outcome = "succeeded"
             return
         first = todo[0]
@@ -366,7 +366,7 @@ class Run:
         if following is None:
             chain = self.chain_until is not None and time.monotonic() < self.chain_until
             self.next_claimed = self.transition("succeed", result=output, now=now,
-                                                ttl=self.ttl(), steps=[done], then_claim=chain)
+                                                steps=[done], then_claim=chain)
             return
         nxt = step_rows.started(following, self.plan.steps[following].name,
                                 self.plan.attempts_of(following) + 1, now)
@@ -415,7 +415,7 @@ class Run:
             yield from self.compensate()
             return
         self.transition("fail", reason=error_type, error=error, error_type=error_type,
-                        steps=steps, now=now, ttl=self.ttl())
+                        steps=steps, now=now)
         self.report.outcome = "failed"
 
     def _owes_compensation(self) -> bool:
@@ -437,8 +437,7 @@ class Run:
                 yield "compensating"
             else:
                 self.transition("fail", reason=problem.error_type, error=problem.reason,
-                                error_type=problem.error_type, now=self.clock.now(),
-                                ttl=self.ttl())
+                                error_type=problem.error_type, now=self.clock.now())
                 self.report.outcome = "failed"
                 return
         yield from self.compensate()
@@ -598,10 +597,6 @@ class Run:
             connection.close()
 
     # --- helpers -------------------------------------------------------------------------
-
-    def ttl(self) -> timedelta:
-        workflow = self.plan.workflow if self.plan else registry.find(self.task.workflow)
-        return workflow.idempotency_ttl if workflow else DEFAULT_IDEMPOTENCY_TTL
 
     def _emit(self, event: str, *, level: int = logging.INFO, **fields: Any) -> None:
         task = self.task

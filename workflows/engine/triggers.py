@@ -396,12 +396,15 @@ def _insert_and_lock(owner: Any, first_by_key: dict[str, _Prepared], source: str
 def _new_task(owner: Any, item: _Prepared, source: str, trace_id: str, traceparent: str, *,
               now: datetime | None) -> Task:
     """A pending task for `item`, not saved. `now` is the database's time (the
-    fast path leaves it None and stamps the row with the database's own)."""
+    fast path leaves it None and stamps the row with the database's own). Its
+    key's lifetime is its workflow's TTL now, whatever the registry says when
+    it ends (docs/design.md, "Data model")."""
     return Task(
         id=uuid.uuid4(), owner=owner, idempotency_key=item.key, workflow=item.workflow.name,
         payload=item.payload, fingerprint=item.fingerprint,
         max_attempts=item.workflow.max_attempts, source=source, trace_id=trace_id[:64],
         traceparent=traceparent, callback_url=item.callback_url,
+        idempotency_ttl=item.workflow.idempotency_ttl,
         created_at=now, updated_at=now, enqueued_at=now, next_attempt_at=now,
     )
 

@@ -26,6 +26,7 @@ from django.utils import timezone
 from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
 
 from workflows.keys import MAX_KEY_LENGTH
+from workflows.registry import DEFAULT_IDEMPOTENCY_TTL
 from workflows.states import COMPENSATION_STATES, FINISHED_STATES, LEASED_STATES, Source, TaskState
 
 MAX_ERROR_LENGTH = 4000
@@ -102,6 +103,12 @@ class Task(ConcurrentTransitionMixin, models.Model):
     # Times `retry` sent it back to pending: the <n> of its webhooks' ids.
     # (Database defaults too: rows inserted by raw SQL that predates these columns.)
     restarts = models.PositiveIntegerField(default=0, db_default=0)
+    # How long its key is remembered once it finished (expires_at = finished_at +
+    # this): its workflow's idempotency TTL when it was triggered, fixed then, so
+    # a registry changed or a workflow removed before it ends does not change
+    # the lifetime the client was promised (docs/design.md, "Data model").
+    idempotency_ttl = models.DurationField(default=DEFAULT_IDEMPOTENCY_TTL,
+                                           db_default=DEFAULT_IDEMPOTENCY_TTL)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     enqueued_at = models.DateTimeField(null=True, blank=True)
@@ -234,12 +241,12 @@ class Task(ConcurrentTransitionMixin, models.Model):
         self.lease_owner = ""
         self.lease_expires_at = None
 
-    def _finish(self, now: datetime, ttl: timedelta) -> None:
+    def _finish(self, now: datetime) -> None:
         self._release_lease()
         self.next_attempt_at = None
         self.enqueued_at = None
         self.finished_at = now
-        self.expires_at = now + ttl
+        self.expires_at = now + self.idempotency_ttl  # the TTL fixed at its trigger
 
     # --- transitions (docs/design.md, "State machine"); pure ------------------------------
 
@@ -251,11 +258,11 @@ class Task(ConcurrentTransitionMixin, models.Model):
             self.started_at = now
 
     @transition(field=state, source=S.RUNNING, target=S.SUCCEEDED)
-    def succeed(self, *, result: Any, now: datetime, ttl: timedelta) -> None:
+    def succeed(self, *, result: Any, now: datetime) -> None:
         self.result = result
         self.error = ""
         self.error_type = ""
-        self._finish(now, ttl)
+        self._finish(now)
 
     @transition(field=state, source=S.RUNNING, target=S.RETRYING)
     def schedule_retry(self, *, error: str, error_type: str, next_attempt_at: datetime) -> None:
@@ -288,16 +295,16 @@ class Task(ConcurrentTransitionMixin, models.Model):
             self.next_attempt_at = None
 
     @transition(field=state, source=[S.RUNNING, S.COMPENSATING], target=S.FAILED)
-    def fail(self, *, error: str, error_type: str, now: datetime, ttl: timedelta) -> None:
+    def fail(self, *, error: str, error_type: str, now: datetime) -> None:
         self._set_error(error, error_type)
-        self._finish(now, ttl)
+        self._finish(now)
 
     @transition(field=state, source=S.RUNNING, target=S.CANCELLING,
                 permission="workflows.cancel_task")
     @transition(field=state, source=[S.PENDING, S.RETRYING],
                 target=RETURN_VALUE(S.CANCELLING, S.CANCELLED),
                 permission="workflows.cancel_task")
-    def cancel(self, *, needs_compensation: bool, now: datetime, ttl: timedelta) -> str:
+    def cancel(self, *, needs_compensation: bool, now: datetime) -> str:
         """Running work, or succeeded steps to compensate, go through `cancelling`
         (a worker finishes it); anything else is cancelled at once. A running
         task's worker keeps its lease: it notices the cancel at its next write
@@ -308,15 +315,14 @@ class Task(ConcurrentTransitionMixin, models.Model):
         self.next_attempt_at = None
         if needs_compensation:
             return S.CANCELLING
-        self._finish(now, ttl)
+        self._finish(now)
         return S.CANCELLED
 
     @transition(field=state, source=S.CANCELLING, target=S.CANCELLED)
-    def finish_cancel(self, *, now: datetime, ttl: timedelta, error: str = "",
-                      error_type: str = "") -> None:
+    def finish_cancel(self, *, now: datetime, error: str = "", error_type: str = "") -> None:
         if error:
             self._set_error(error, error_type)
-        self._finish(now, ttl)
+        self._finish(now)
 
     @transition(field=state, source=[S.FAILED, S.CANCELLED], target=S.PENDING,
                 permission="workflows.retry_task")

@@ -268,10 +268,11 @@ def test_progress_is_saved_under_the_fence(any_store, held):
 
 # --- transitions -------------------------------------------------------------------------------
 
-def test_a_transition_persists_its_diff_audit_and_steps_together(any_store, held):
+def test_a_transition_persists_its_diff_audit_and_steps_together(any_store, owner):
+    held = any_store.claim(make_task(owner, ttl=timedelta(hours=1)).pk, worker="w", lease=LEASE)
     task, now = held.task, held.db_now
     any_store.transition(task, "succeed", at=now, actor="worker:w", reason="done",
-                         result={"r": 1}, now=now, ttl=timedelta(hours=1),
+                         result={"r": 1}, now=now,
                          steps=[rows.succeeded(0, "s", {"r": 1}, now, compensable=False)])
     row = fields(task.pk)
     assert (row["state"], row["lease_token"], row["result"], row["lease_owner"]) == (
@@ -289,7 +290,7 @@ def test_a_refused_transition_writes_nothing_and_leaves_the_copy_as_it_was(any_s
     before, audit = fields(held.task.pk), history(held.task.pk)
     with pytest.raises(ConcurrentTransition):
         any_store.transition(stale, "succeed", at=held.db_now, actor="w", result=1,
-                             now=held.db_now, ttl=timedelta(hours=1),
+                             now=held.db_now,
                              steps=[rows.succeeded(0, "s", 1, held.db_now, compensable=False)])
     assert (stale.state, stale.lease_token, stale.result) == (S.RUNNING, 1, None)
     assert (fields(held.task.pk), history(held.task.pk)) == (before, audit)
@@ -374,7 +375,7 @@ def test_a_success_claims_the_next_due_task_in_the_same_write(any_store, owner):
     following = make_task(owner, key="next", payload={"nested": {"n": [1, 2]}})
     claimed = any_store.transition(
         held.task, "succeed", at=held.db_now, actor="worker:w", result=1, now=held.db_now,
-        ttl=timedelta(hours=1), steps=[rows.succeeded(0, "s", 1, held.db_now, compensable=False)],
+        steps=[rows.succeeded(0, "s", 1, held.db_now, compensable=False)],
         then_claim_for=("w", LEASE))
     assert fields(held.task.pk)["state"] == S.SUCCEEDED
     assert claimed is not None and claimed.task.pk == following.pk and claimed.worker == "w"
@@ -392,7 +393,7 @@ def test_a_success_claims_the_next_due_task_in_the_same_write(any_store, owner):
     assert last is None
     assert any_store.transition(
         claimed.task, "succeed", at=claimed.db_now, actor="worker:w", result=2,
-        now=claimed.db_now, ttl=timedelta(hours=1),
+        now=claimed.db_now,
         steps=[rows.succeeded(0, "s", 2, claimed.db_now, compensable=False)],
         then_claim_for=("w", LEASE)) is None
     assert fields(following.pk)["state"] == S.SUCCEEDED
@@ -406,7 +407,7 @@ def test_a_refused_success_claims_nothing(any_store, owner):
     waiting = make_task(owner, key="waiting")
     with pytest.raises(ConcurrentTransition):
         any_store.transition(stale, "succeed", at=held.db_now, actor="w", result=1,
-                             now=held.db_now, ttl=timedelta(hours=1),
+                             now=held.db_now,
                              steps=[rows.succeeded(0, "s", 1, held.db_now, compensable=False)],
                              then_claim_for=("w", LEASE))
     assert fields(waiting.pk)["state"] == S.PENDING

@@ -15,7 +15,7 @@ from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 from django_fsm import ConcurrentTransition
 
-from tests.factories import TTL, make_task, transition_kwargs
+from tests.factories import make_task, transition_kwargs
 from tests.support.helpers import purge_queue, queued_webhooks
 from workflows.engine.enqueue import uses_orm_broker
 from workflows.engine.store import rows
@@ -200,7 +200,7 @@ def test_the_literal_and_the_orm_outbox_rows_are_the_same(owner):
     for store_ in (PostgresStore(), OrmStore()):
         task = make_task(owner, state=S.RUNNING, callback_url=URL)
         store_.transition(task, "fail", at=db_now(), actor="test", error="e", error_type="E",
-                          now=db_now(), ttl=TTL)
+                          now=db_now())
         row = WebhookDelivery.objects.filter(task_id=task.pk).values().get()
         for name in ("id", "task_id", "created_at", "next_attempt_at", "enqueued_at",
                      "give_up_at"):

@@ -259,7 +259,8 @@ class PostgresStore(OrmStore):
                   "workflow": task.workflow, "payload": json.dumps(task.payload),
                   "fingerprint": task.fingerprint, "max_attempts": task.max_attempts,
                   "source": task.source, "trace_id": task.trace_id,
-                  "traceparent": task.traceparent, "callback_url": task.callback_url}
+                  "traceparent": task.traceparent, "callback_url": task.callback_url,
+                  "idempotency_ttl": task.idempotency_ttl}
         created = self._run("create_task", params)
         if created is not None:
             task.created_at = task.updated_at = task.enqueued_at = created[0]

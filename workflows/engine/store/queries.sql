@@ -223,20 +223,21 @@ SELECT state, lease_token FROM workflows_task WHERE id = %(task_id)s;
 -- A trigger for a new key: insert the pending task unless (owner, key) exists;
 -- the unique constraint arbitrates between concurrent triggers. Its times are
 -- the database's. Its endpoint is the trigger's callback_url, else the owner's
--- default endpoint (a primary-key probe in this statement), else none. A row
--- back: this call created it.
+-- default endpoint (a primary-key probe in this statement), else none. Its
+-- idempotency TTL is its workflow's now, fixed for its life. A row back: this
+-- call created it.
 INSERT INTO workflows_task
        (id, owner_id, idempotency_key, workflow, payload, fingerprint, state, error,
         error_type, attempts, max_attempts, lease_token, lease_owner, source,
-        trace_id, traceparent, callback_url, restarts, created_at, updated_at, enqueued_at,
-        next_attempt_at)
+        trace_id, traceparent, callback_url, restarts, idempotency_ttl, created_at,
+        updated_at, enqueued_at, next_attempt_at)
 VALUES (%(id)s, %(owner_id)s, %(key)s, %(workflow)s, %(payload)s::jsonb, %(fingerprint)s,
         'pending', '', '', 0, %(max_attempts)s, 0, '', %(source)s, %(trace_id)s,
         %(traceparent)s,
         COALESCE(NULLIF(%(callback_url)s, ''),
                  (SELECT url FROM workflows_clientwebhook WHERE owner_id = %(owner_id)s), ''),
-        0, statement_timestamp(), statement_timestamp(), statement_timestamp(),
-        statement_timestamp())
+        0, %(idempotency_ttl)s, statement_timestamp(), statement_timestamp(),
+        statement_timestamp(), statement_timestamp())
 ON CONFLICT (owner_id, idempotency_key) DO NOTHING
 RETURNING created_at, callback_url;
 

@@ -42,8 +42,7 @@ def running_of(owner):
 def finish(claimed):
     """The claimed task's success (its slot frees)."""
     now = store().db_now()
-    store().transition(claimed.task, "succeed", at=now, actor="test", result={}, now=now,
-                       ttl=timedelta(days=1))
+    store().transition(claimed.task, "succeed", at=now, actor="test", result={}, now=now)
 
 
 def in_thread(fn):
@@ -115,7 +114,7 @@ def test_the_finishing_run_hands_its_slot_to_the_clients_next_task(owner):
     claimed = store().claim_next(worker="w1", lease=LEASE)
     now = store().db_now()
     following = store().transition(claimed.task, "succeed", at=now, actor="test",
-                                   steps=[], result={}, now=now, ttl=timedelta(days=1),
+                                   steps=[], result={}, now=now,
                                    then_claim_for=("w1", LEASE))
     assert following is not None and following.task.pk == tasks[1].pk
 
@@ -215,7 +214,7 @@ def test_many_workers_claiming_and_finishing_never_exceed_a_cap(owner, other_own
                     continue
             now = store().db_now()
             claimed = store().transition(claimed.task, "succeed", at=now, actor=f"w{i}",
-                                         result={}, now=now, ttl=timedelta(days=1),
+                                         result={}, now=now,
                                          then_claim_for=(f"w{i}", LEASE)
                                          if rng.random() < 0.5 else None)
 

@@ -65,13 +65,11 @@ FORWARD_WRITES = {
     "heartbeat": lambda c: store().renew(c.lease, lease_length=timedelta(seconds=60)),
     "atomic_heartbeat": lambda c: store().check(c.lease),
     "progress": lambda c: store().save_progress(c.lease, index=0, progress={"cursor": 9}),
-    "succeed": lambda c: _transition(c, "succeed", result=1, now=_at(c.task),
-                                     ttl=timedelta(hours=1)),
+    "succeed": lambda c: _transition(c, "succeed", result=1, now=_at(c.task)),
     "schedule_retry": lambda c: _transition(
         c, "schedule_retry", error="e", error_type="E", next_attempt_at=_at(c.task),
         steps=[rows.failed(0, "one", "e", _at(c.task))]),
-    "fail": lambda c: _transition(c, "fail", error="e", error_type="E", now=_at(c.task),
-                                  ttl=timedelta(hours=1)),
+    "fail": lambda c: _transition(c, "fail", error="e", error_type="E", now=_at(c.task)),
     "compensate": lambda c: _transition(c, "compensate", error="e", error_type="E",
                                         worker="w", now=_at(c.task),
                                         lease=timedelta(seconds=60)),
@@ -97,7 +95,7 @@ PHASE_WRITES = {
     "defer": lambda c: _transition(c, "defer", next_attempt_at=_at(c.task)),
     "end": lambda c: _transition(
         c, "fail" if c.task.state == S.COMPENSATING else "finish_cancel", error="",
-        error_type="", now=_at(c.task), ttl=timedelta(hours=1)),
+        error_type="", now=_at(c.task)),
 }
 
 
