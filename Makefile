@@ -68,18 +68,25 @@ promtool:
 	  || echo "promtool could not be installed: tests/deploy checks the rules structurally only"; \
 	fi
 
+## TEST_WORKERS: pytest-xdist processes per pass (default 2; 0 runs in this process).
+## A test file (or test class) stays on one worker (--dist loadscope: its fixtures and the processes it
+## starts are set up once); each worker has its own test database and queue
+## (tests/settings.py). docs/testing.md, "Where the time goes", says what it buys.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope,)
+
 test-sqlite: $(VENV)/.installed-dev
 	env -u DATABASE_URL -u REDIS_URL -u PILOT_REQUIRE_POSTGRES \
-		$(PY) -m pytest -m "not postgres and not redis" -q
+		$(PY) -m pytest -m "not postgres and not redis" -q $(XDIST)
 
-MODEL_TEST := tests/faults/test_engine_model.py::test_the_engine_keeps_its_promises_under_any_interleaving
+MODEL_TEST := tests/faults/test_engine_model.py
 
 ## test-model: the engine model alone on PostgreSQL (PILOT_MODEL_EXAMPLES, 2 000 by
 ## default, 10-20 minutes on 2 cores; make test runs it inside the
 ## PostgreSQL pass). docs/testing.md, "Where the time goes", has the suite's split.
 test-model: $(VENV)/.installed-dev
 	@case "$$DATABASE_URL" in \
-	  postgres*) $(PY) -m pytest -q $(MODEL_TEST) ;; \
+	  postgres*) $(PY) -m pytest -q $(XDIST) $(MODEL_TEST) ;; \
 	  *) echo "DATABASE_URL is not PostgreSQL: the engine model runs in the SQLite pass only";; \
 	esac
 
@@ -88,7 +95,7 @@ test-model: $(VENV)/.installed-dev
 ## running the PostgreSQL tests is a failure, not a pass.
 test-main: $(VENV)/.installed-dev chromium
 	@case "$$DATABASE_URL" in \
-	  postgres*) $(PY) -m pytest -q ;; \
+	  postgres*) $(PY) -m pytest -q $(XDIST) ;; \
 	  *) if [ "$${PILOT_REQUIRE_POSTGRES:-}" = 1 ]; then \
 	       echo "PILOT_REQUIRE_POSTGRES=1 but DATABASE_URL is not PostgreSQL: PostgreSQL/Redis tests cannot run" >&2; \
 	       exit 1; \

@@ -10,7 +10,16 @@ which servers the suite talks to.
 import os
 
 os.environ.setdefault("DJANGO_SECRET_KEY", "test-only-secret-key-not-for-production-0123456789")
-os.environ.setdefault("PILOT_Q_CLUSTER_NAME", "pilot-test")
+# `make test` runs the suite on pytest-xdist workers (docs/testing.md): each worker
+# gets its own queue, as it gets its own test database, so one worker's processes never
+# take another's messages. The processes a test starts inherit the name.
+# (The workers inherit the environment of pytest's main process, which read these
+# settings first: the suffix is added here, once, not by a default.)
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_QUEUE = os.environ.get("PILOT_Q_CLUSTER_NAME", "pilot-test")
+if _XDIST_WORKER and not _QUEUE.endswith(f"-{_XDIST_WORKER}"):
+    _QUEUE = f"{_QUEUE}-{_XDIST_WORKER}"
+os.environ["PILOT_Q_CLUSTER_NAME"] = _QUEUE
 # In-process tests drive one delivery at a time (run_task runs the task it names, then
 # returns); the worker processes the suite starts drain the queue as in production.
 os.environ.setdefault("PILOT_TEST_DRAIN_SECONDS", "0")

@@ -7,12 +7,16 @@ from django.conf import settings
 from django.utils import timezone
 from django_q.models import Schedule
 
+from tests.support.migrated import rebuild
+
 # Not transactional: the schedule row comes from a data migration, which a
 # transactional test's flush would have removed.
 pytestmark = pytest.mark.django_db
 
 
 def test_a_daily_schedule_runs_cleanup_tasks_without_catching_up():
+    Schedule.objects.filter(name="pilot.cleanup_tasks").delete()
+    rebuild("0005_cleanup_schedule")  # as migrated (tests.support.migrated says why)
     schedule = Schedule.objects.get(name="pilot.cleanup_tasks")
     assert (schedule.func, schedule.args, schedule.schedule_type, schedule.repeats) == \
         ("django.core.management.call_command", "'cleanup_tasks'", Schedule.DAILY, -1)

@@ -27,7 +27,8 @@ After every rule, invariants the database does not enforce by itself:
   task reaches a final state.
 
 The step count and example budget are set so that CI's PostgreSQL pass runs
-at least 2 000 examples (PILOT_MODEL_EXAMPLES overrides, e.g. for a long soak).
+at least 2 000 examples, in four seeded parts that `make test` runs side by side
+(PILOT_MODEL_EXAMPLES overrides the total, e.g. for a long soak).
 """
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import OperationalError, connection
 from django.db.models.functions import Now
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, seed, settings
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 from hypothesis.strategies import booleans, integers, sampled_from
 
@@ -482,16 +484,46 @@ class EngineMachine(RuleBasedStateMachine):
         assert violations(require_terminal=True) == []
 
 
-def test_the_engine_keeps_its_promises_under_any_interleaving():
+# The examples run in PARTS independent parts, each a test class with a seed of its
+# own: `make test` hands whole test classes to its pytest-xdist workers (--dist
+# loadscope), so the model's examples use both cores instead of one, and each part
+# is reproducible on its own (`pytest "tests/faults/test_engine_model.py::TestPart2of4"`).
+PARTS = 4
+
+
+def run_the_model(part: int) -> None:
     on_postgres = connection.vendor == "postgresql"
     # The owner (and its webhook secret) outlives the examples: created once.
     owner, _ = get_user_model().objects.get_or_create(username="model-owner")
     client_webhook_ensure(owner)
     OWNER[:] = [owner]
     examples = int(os.environ.get("PILOT_MODEL_EXAMPLES") or (2000 if on_postgres else 300))
-    EngineMachine.TestCase.settings = settings(
-        max_examples=examples, stateful_step_count=25, deadline=None, derandomize=True,
+    machine = seed(part)(type(f"EngineMachinePart{part}", (EngineMachine,), {}))
+    run_state_machine_as_test(machine, settings=settings(
+        max_examples=-(-examples // PARTS), stateful_step_count=25, deadline=None,
         database=None,
         # Each example starts from an empty table: the setup hypothesis times is real.
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-    EngineMachine.TestCase().runTest()
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+
+
+class _Part:
+    part: int
+
+    def test_the_engine_keeps_its_promises_under_any_interleaving(self):
+        run_the_model(self.part)
+
+
+class TestPart1of4(_Part):
+    part = 1
+
+
+class TestPart2of4(_Part):
+    part = 2
+
+
+class TestPart3of4(_Part):
+    part = 3
+
+
+class TestPart4of4(_Part):
+    part = 4

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.procs import ARTIFACTS, ROOT, free_port, wait_until
+from tests.support.procs import ROOT, free_port, log_file, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -98,8 +98,7 @@ def _fresh_postgres_database(url: str) -> str:
 
 class Server:
     def __init__(self, python, project, env, name, args):
-        ARTIFACTS.mkdir(exist_ok=True)
-        self.log_path = ARTIFACTS / f"host-{name}.log"
+        self.log_path = log_file(f"host-{name}")
         log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child
         self.popen = subprocess.Popen([str(python), "manage.py", *args], cwd=project, env=env,
                                       stdout=log, stderr=subprocess.STDOUT,

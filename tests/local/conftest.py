@@ -32,6 +32,17 @@ _TEST_ONLY = ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "DJANGO_SEC
               "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
 
 
+# `args` with SIGINT and SIGQUIT at their default action, as a shell at a terminal
+# starts `make run` (the same process: exec). A suite started in the background by a
+# non-interactive shell (a CI script's `cmd &`) inherits them ignored, and make leaves
+# an ignored signal ignored: a Ctrl-C could then never reach it, which is not what
+# these tests are about.
+AS_FROM_A_TERMINAL = [
+    sys.executable, "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "signal.signal(signal.SIGQUIT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"]
+
+
 @dataclasses.dataclass
 class LocalRun:
     popen: subprocess.Popen
@@ -94,9 +105,9 @@ def local_run(tmp_path):
                 else ["bin/run-local"])
         log_path = tmp_path / f"run-{len(runs)}.log"
         with open(log_path, "wb") as log:
-            popen = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+            popen = subprocess.Popen([*AS_FROM_A_TERMINAL, *args], cwd=ROOT, env=env,
+                                     stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
         run = LocalRun(popen, port, database, log_path)
         runs.append(run)
         deadline = time.monotonic() + 60

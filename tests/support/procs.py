@@ -24,6 +24,15 @@ ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 
 
+def log_file(name: str) -> Path:
+    """Where a started process logs: test-artifacts/<name>.log, prefixed with the
+    pytest-xdist worker's id when the suite runs on several (two workers' tests may
+    start processes of the same name at the same time)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return ARTIFACTS / (f"{worker}-{name}.log" if worker else f"{name}.log")
+
+
 def database_url() -> str:
     """The URL of the database this test runs on (the test database)."""
     s = connection.settings_dict
@@ -59,8 +68,7 @@ def process_env(**overrides) -> dict:
 class Proc:
     def __init__(self, name: str, args: list[str], env: dict):
         self.name, self.args, self.env = name, args, env
-        ARTIFACTS.mkdir(exist_ok=True)
-        self.log_path = ARTIFACTS / f"{name}.log"
+        self.log_path = log_file(name)
         self.popen: subprocess.Popen | None = None
 
     def start(self) -> Proc:

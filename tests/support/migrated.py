@@ -1,0 +1,28 @@
+"""Rows that data migrations write, written again for a test that checks them.
+
+Migrating a test database writes them once (the operators group, the daily
+cleanup schedule), but a transactional test's flush empties every table and
+brings back only what post_migrate makes (permissions, content types). Which
+tests ran before on the same database depends on how the suite is split over
+workers (`make test` runs two), so a test that checks such rows rebuilds them
+with the migrations' own forward functions first.
+"""
+
+from __future__ import annotations
+
+from django.db import connection
+from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.operations import RunPython
+
+
+def rebuild(*names: str, app: str = "workflows") -> None:
+    """Runs the RunPython operations of `app`'s migrations `names`, in order, with
+    the models as of the last of them (what they touch -- auth, contenttypes and
+    django_q's models -- is the same at each). The caller first deletes the rows,
+    as a reverse migration would."""
+    loader = MigrationLoader(connection)
+    apps = loader.project_state((app, names[-1])).apps
+    for name in names:
+        for operation in loader.get_migration(app, name).operations:
+            if isinstance(operation, RunPython):
+                operation.code(apps, None)
