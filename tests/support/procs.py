@@ -8,6 +8,7 @@ end of the test, by PID.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -116,24 +117,31 @@ def manage(name: str, *args: str, env: dict) -> Proc:
     return Proc(name, [sys.executable, "manage.py", *args], env)
 
 
+# Numbers the processes of every Fleet of this pytest process: each gets a log of its
+# own (a number per Fleet made a later test's process append to an earlier test's
+# log, whose tracebacks its checks then read as its own).
+_STARTED = itertools.count(1)
+
+
 class Fleet:
     """The processes of one test; `stop_all()` in a finally/fixture teardown."""
 
     def __init__(self, **env_overrides):
         self.env = process_env(**env_overrides)
         self.procs: list[Proc] = []
-        self._n = 0
+
+    @staticmethod
+    def _name(kind: str) -> str:
+        return f"{kind}-{os.getpid()}-{next(_STARTED)}"
 
     def start(self, kind: str, *args: str) -> Proc:
-        self._n += 1
-        proc = manage(f"{kind}-{os.getpid()}-{self._n}", kind, *args, env=self.env).start()
+        proc = manage(self._name(kind), kind, *args, env=self.env).start()
         self.procs.append(proc)
         return proc
 
     def start_process(self, kind: str, args: list[str], **env) -> Proc:
         """Any other process (e.g. gunicorn) in this fleet's environment."""
-        self._n += 1
-        proc = Proc(f"{kind}-{os.getpid()}-{self._n}", args, {**self.env, **env}).start()
+        proc = Proc(self._name(kind), args, {**self.env, **env}).start()
         self.procs.append(proc)
         return proc
 
@@ -147,8 +155,7 @@ class Fleet:
         """gunicorn serving the app on a free loopback port; returns (proc, base URL)
         once it answers /healthz."""
         port = free_port()
-        self._n += 1
-        proc = Proc(f"web-{os.getpid()}-{self._n}",
+        proc = Proc(self._name("web"),
                     [sys.executable, "-m", "gunicorn", "pilot.wsgi", "-w", str(workers),
                      "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5",
                      "--access-logfile", "-"], self.env).start()
