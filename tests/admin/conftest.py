@@ -1,29 +1,22 @@
-"""People of the operator console tests: an operator (the "operators" group of
-migration 0003, plus the trigger permission), a viewer who may see every task
+"""People of the operator console tests: an operator (a member of the "operators" group
+as the migrations build it), a viewer who may see every task
 but not act, and logged-in clients for each."""
 
 from __future__ import annotations
-
-import importlib
 
 import pytest
 from django.contrib.auth.models import Group, Permission
 from django.test import Client
 
+from tests.support.migrated import OPERATORS_MIGRATIONS, rebuild
+
 
 def operators_group() -> Group:
-    """The group exactly as migrations 0003 and 0006 define it. A transactional
-    test's flush empties auth_group (post_migrate brings back permissions, not
-    data migrations), so it is rebuilt from the migrations' own lists."""
-    created_by = importlib.import_module("workflows.migrations.0003_operators_group")
-    extended_by = importlib.import_module("workflows.migrations.0006_operators_trigger")
-    group, created = Group.objects.get_or_create(name="operators")
-    if created:
-        group.permissions.add(*[
-            Permission.objects.get(content_type__app_label=app_label, codename=codename)
-            for app_label, codename in [*created_by.OPERATOR_PERMISSIONS,
-                                        *extended_by.ADDED_PERMISSIONS]])
-    return group
+    """The group as the data migrations build it; rebuilt with their own functions
+    when a transactional test's flush emptied it (tests/support/migrated.py)."""
+    if not Group.objects.filter(name="operators").exists():
+        rebuild(*OPERATORS_MIGRATIONS)
+    return Group.objects.get(name="operators")
 
 
 def _staff(django_user_model, username: str, *, operators: bool = False,

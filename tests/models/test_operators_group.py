@@ -1,7 +1,7 @@
 import pytest
 from django.contrib.auth.models import Group
 
-from tests.support.migrated import rebuild
+from tests.support.migrated import OPERATORS_MIGRATIONS, rebuild
 
 pytestmark = pytest.mark.django_db
 
@@ -9,8 +9,7 @@ pytestmark = pytest.mark.django_db
 def test_the_operators_group_can_view_cancel_retry_trigger_manage_schedules_and_resend(
         django_user_model):
     Group.objects.filter(name="operators").delete()
-    rebuild("0003_operators_group", "0006_operators_trigger", "0009_pilot_schedule",
-            "0013_webhooks_and_trace_context")
+    rebuild(*OPERATORS_MIGRATIONS)
     group = Group.objects.get(name="operators")
     assert set(group.permissions.values_list("codename", flat=True)) == {
         "view_task", "view_all_tasks", "cancel_task", "retry_task", "view_stepcheckpoint",

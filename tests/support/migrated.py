@@ -14,6 +14,10 @@ from django.db import connection
 from django.db.migrations.loader import MigrationLoader
 from django.db.migrations.operations import RunPython
 
+# The migrations that build the "operators" group and grant it its permissions.
+OPERATORS_MIGRATIONS = ("0003_operators_group", "0006_operators_trigger", "0009_pilot_schedule",
+                        "0013_webhooks_and_trace_context")
+
 
 def rebuild(*names: str, app: str = "workflows") -> None:
     """Runs the RunPython operations of `app`'s migrations `names`, in order, with
