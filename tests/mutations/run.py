@@ -56,15 +56,27 @@ MUTANTS = (
     SELECT id FROM workflows_task
      WHERE id = %(task_id)s AND lease_token = %(token)s
        FOR SHARE
-), written AS (""", """WITH fence AS (
+), {write_step_rows:fence}""", """WITH fence AS (
     SELECT id FROM workflows_task
      WHERE id = %(task_id)s
        FOR SHARE
-), written AS ("""),),
+), {write_step_rows:fence}"""),),
         ("tests/windows/test_fencing.py::"
          "test_every_write_of_a_running_worker_is_refused_after_every_token_change",
          "tests/concurrency/test_execution_races.py::"
          "test_a_stale_token_is_refused_while_the_new_holder_writes"),
+    ),
+    Mutant(
+        "new-step-rows-without-upsert",
+        "a step write inserts the rows it did not see with a plain INSERT (a retry racing "
+        "its own first try fails on the unique (task, index))",
+        "workflows/engine/store/queries.sql",
+        (("""                        WHERE s.task_id = n.task_id AND s."index" = n."index")
+    {on_conflict}
+)""", """                        WHERE s.task_id = n.task_id AND s."index" = n."index")
+)"""),),
+        ("tests/engine/store/test_contract.py::"
+         "test_a_step_write_retried_while_its_first_try_is_still_open_lands_once",),
     ),
     Mutant(
         "transition-without-fence",

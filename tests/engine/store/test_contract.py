@@ -233,6 +233,55 @@ def test_a_new_step_row_is_inserted_and_an_upsert_keeps_what_it_does_not_say(any
     assert (second.state, second.attempts, second.output) == ("running", 1, None)
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("stored", [None, "running"])
+def test_a_step_write_retried_while_its_first_try_is_still_open_lands_once(any_store, held,
+                                                                          stored):
+    """The window of a lost connection: the worker's first try of a step boundary
+    is still open on the server (its connection gone, the server not yet told)
+    when the worker writes the same rows again. The retry sees neither the new row
+    nor the update the first try made; it must wait for that try and then move the
+    row forward once — not fail on the unique (task, index), not write it twice.
+    (PostgreSQL: on SQLite the one writer makes the window impossible.)"""
+    import threading
+
+    from django.db import connections, transaction
+
+    task_id, now = held.task.pk, held.db_now
+    if stored:
+        _store_step(task_id, stored, attempts=1, output=None)
+    boundary = [rows.succeeded(0, "s", {"out": 1}, now, compensable=False),
+                rows.started(1, "t", 1, now)]
+    open_, release, first_error = threading.Event(), threading.Event(), []
+
+    def first_try():
+        try:
+            with transaction.atomic():
+                any_store.write_steps(held.lease, boundary)
+                open_.set()
+                release.wait(30)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            first_error.append(exc)
+            open_.set()
+        finally:
+            connections.close_all()
+
+    opener = threading.Thread(target=first_try)
+    opener.start()
+    try:
+        assert open_.wait(30) and not first_error
+        timer = threading.Timer(0.5, release.set)  # the first try commits while we wait
+        timer.start()
+        any_store.write_steps(held.lease, boundary)
+    finally:
+        release.set()
+        opener.join(30)
+    assert not first_error
+    got = list(StepCheckpoint.objects.filter(task_id=task_id).order_by("index").values_list(
+        "index", "state", "output", "attempts"))
+    assert got == [(0, "succeeded", {"out": 1}, 1 if stored else 0), (1, "running", None, 1)]
+
+
 def test_every_step_write_is_refused_with_another_token(any_store, held):
     stale = Lease(held.task.pk, held.lease.token - 1, "w")
     for write in (lambda: any_store.write_steps(stale, [rows.started(0, "s", 1, held.db_now)]),

@@ -93,9 +93,11 @@ def _guard_sql(table: str) -> str:
                        f"({quoted(old)}))" for old, new in groups.items())
 
 
-# The upsert's conflict clause (portable SQL: PostgreSQL and SQLite >= 3.24).
-UPSERT_ON_CONFLICT = f"""
-ON CONFLICT (task_id, "index") DO UPDATE SET
+# What a written step row (`excluded`) makes of the stored one: the upsert's
+# SET and its WHERE (states.STEP_OVERWRITES). One text for both forms: the
+# portable upsert below, and PostgreSQL's split write (queries.sql,
+# write_step_rows), which names the new rows `excluded` too.
+UPSERT_SET = f"""
     name = excluded.name,
     state = excluded.state,
     output = CASE WHEN excluded.state = 'succeeded' THEN excluded.output
@@ -112,7 +114,12 @@ ON CONFLICT (task_id, "index") DO UPDATE SET
     started_at = COALESCE(excluded.started_at, {STEP_TABLE}.started_at),
     finished_at = CASE WHEN excluded.state = 'compensating' THEN {STEP_TABLE}.finished_at
                        ELSE excluded.finished_at END
-WHERE {_guard_sql(STEP_TABLE)}
+"""
+UPSERT_GUARD = _guard_sql(STEP_TABLE)
+
+# The upsert's conflict clause (portable SQL: PostgreSQL and SQLite >= 3.24).
+UPSERT_ON_CONFLICT = f"""
+ON CONFLICT (task_id, "index") DO UPDATE SET{UPSERT_SET}WHERE {UPSERT_GUARD}
 """
 
 

@@ -27,7 +27,9 @@ from workflows.conf import pilot_settings
 from workflows.engine.caps import caps_json
 from workflows.engine.leases import Lease, Refused
 from workflows.engine.store.orm import (
+    UPSERT_GUARD,
     UPSERT_ON_CONFLICT,
+    UPSERT_SET,
     Claimed,
     OrmStore,
     delivery_owed,
@@ -50,9 +52,14 @@ def _load(path: Path) -> dict[str, str]:
             queries[name] += line.split("  -- ", 1)[0].rstrip() + "\n"
     queries = {k: v.strip().rstrip(";").replace("{on_conflict}", UPSERT_ON_CONFLICT)
                for k, v in queries.items()}
-    deliver, blocked, unblocked = (queries.pop(k) for k in ("deliver", "blocked", "unblocked"))
+    deliver, blocked, unblocked, step_rows = (
+        queries.pop(k) for k in ("deliver", "blocked", "unblocked", "write_step_rows"))
+    step_rows = step_rows.replace("{set}", UPSERT_SET).replace("{guard}", UPSERT_GUARD)
     return {k: v.replace("{deliver}", "\n" + deliver).replace("{blocked}", blocked + "\n")
-            .replace("{unblocked}", unblocked) for k, v in queries.items()}
+            .replace("{unblocked}", unblocked)
+            .replace("{write_step_rows:fence}", step_rows.replace("{source}", "fence"))
+            .replace("{write_step_rows:changed}", step_rows.replace("{source}", "changed"))
+            for k, v in queries.items()}
 
 
 QUERIES = _load(Path(__file__).with_name("queries.sql"))

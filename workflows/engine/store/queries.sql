@@ -141,29 +141,16 @@ SELECT * FROM resumed;
 
 -- name: write_steps
 -- Fence (hold the task row FOR SHARE if it still carries our token: a cancel
--- waits for this write instead of slipping under it), then upsert the step
--- rows (one JSON array parameter: cheaper to send than ten arrays). A row may only move forward (states.STEP_OVERWRITES): a succeeded step
--- is never downgraded, a finished compensation never redone. "fenced" is false
+-- waits for this write instead of slipping under it), then write the step rows
+-- (write_step_rows; one JSON array parameter: cheaper to send than ten arrays).
+-- A row may only move forward (states.STEP_OVERWRITES): a succeeded step is
+-- never downgraded, a finished compensation never redone. "fenced" is false
 -- when the token is no longer the task's; then nothing was written.
 WITH fence AS (
     SELECT id FROM workflows_task
      WHERE id = %(task_id)s AND lease_token = %(token)s
        FOR SHARE
-), written AS (
-    INSERT INTO workflows_stepcheckpoint
-           (task_id, "index", name, state, output, attempts, compensable,
-            compensation_attempts, error, started_at, finished_at)
-    SELECT fence.id, v."index", v.name, v.state, v.output, v.attempts, v.compensable,
-           v.compensation_attempts, v.error, v.started_at, v.finished_at
-      FROM fence,
-           jsonb_to_recordset(%(steps)s::jsonb)
-               AS v("index" int, name text, state text, output jsonb, attempts int,
-                    compensable bool, compensation_attempts int, error text,
-                    started_at timestamptz, finished_at timestamptz)
-     WHERE true  -- ends the SELECT: ON CONFLICT below is the INSERT's
-    {on_conflict}
-    RETURNING 1
-)
+), {write_step_rows:fence}
 SELECT EXISTS (SELECT FROM fence) AS fenced;
 
 -- name: write_steps_renew
@@ -173,21 +160,7 @@ WITH fence AS (
        SET lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s)
      WHERE id = %(task_id)s AND lease_token = %(token)s
     RETURNING id
-), written AS (
-    INSERT INTO workflows_stepcheckpoint
-           (task_id, "index", name, state, output, attempts, compensable,
-            compensation_attempts, error, started_at, finished_at)
-    SELECT fence.id, v."index", v.name, v.state, v.output, v.attempts, v.compensable,
-           v.compensation_attempts, v.error, v.started_at, v.finished_at
-      FROM fence,
-           jsonb_to_recordset(%(steps)s::jsonb)
-               AS v("index" int, name text, state text, output jsonb, attempts int,
-                    compensable bool, compensation_attempts int, error text,
-                    started_at timestamptz, finished_at timestamptz)
-     WHERE true  -- ends the SELECT: ON CONFLICT below is the INSERT's
-    {on_conflict}
-    RETURNING 1
-)
+), {write_step_rows:fence}
 SELECT EXISTS (SELECT FROM fence) AS fenced;
 
 -- name: renew
@@ -305,21 +278,7 @@ WITH changed AS (
     SELECT id, %(transition)s, %(from_state)s, %(to_state)s, %(actor)s, %(reason)s, %(at)s
       FROM changed
     RETURNING id
-), written AS (
-    INSERT INTO workflows_stepcheckpoint
-           (task_id, "index", name, state, output, attempts, compensable,
-            compensation_attempts, error, started_at, finished_at)
-    SELECT changed.id, v."index", v.name, v.state, v.output, v.attempts, v.compensable,
-           v.compensation_attempts, v.error, v.started_at, v.finished_at
-      FROM changed,
-           jsonb_to_recordset(%(steps)s::jsonb)
-               AS v("index" int, name text, state text, output jsonb, attempts int,
-                    compensable bool, compensation_attempts int, error text,
-                    started_at timestamptz, finished_at timestamptz)
-     WHERE true  -- ends the SELECT: ON CONFLICT below is the INSERT's
-    {on_conflict}
-    RETURNING 1
-){deliver}
+), {write_step_rows:changed}{deliver}
 SELECT id FROM audit;
 
 -- name: transition_with_steps_then_claim
@@ -338,21 +297,7 @@ WITH changed AS (
     SELECT id, %(transition)s, %(from_state)s, %(to_state)s, %(actor)s, %(reason)s, %(at)s
       FROM changed
     RETURNING id
-), written AS (
-    INSERT INTO workflows_stepcheckpoint
-           (task_id, "index", name, state, output, attempts, compensable,
-            compensation_attempts, error, started_at, finished_at)
-    SELECT changed.id, v."index", v.name, v.state, v.output, v.attempts, v.compensable,
-           v.compensation_attempts, v.error, v.started_at, v.finished_at
-      FROM changed,
-           jsonb_to_recordset(%(steps)s::jsonb)
-               AS v("index" int, name text, state text, output jsonb, attempts int,
-                    compensable bool, compensation_attempts int, error text,
-                    started_at timestamptz, finished_at timestamptz)
-     WHERE true  -- ends the SELECT: ON CONFLICT below is the INSERT's
-    {on_conflict}
-    RETURNING 1
-){deliver}, {blocked} prior AS (
+), {write_step_rows:changed}{deliver}, {blocked} prior AS (
     SELECT id, state, enqueued_at, owner_id, workflow FROM workflows_task AS c
      WHERE EXISTS (SELECT FROM changed)
        AND state IN ('pending', 'retrying') AND next_attempt_at <= statement_timestamp()
@@ -436,4 +381,41 @@ AND c.workflow::text || '' <> ALL (ARRAY(SELECT workflow FROM blocked_workflows)
       FROM changed
      WHERE %(deliver)s
     ON CONFLICT (task_id, task_state, restarts) DO NOTHING
+)
+
+-- name: write_step_rows
+-- (Spliced into the statements that write step rows as {write_step_rows:<cte>},
+-- <cte> being the fence: the task's row, there only while it carries the token.)
+-- The rows of the %(steps)s JSON array. Those already stored are moved forward by
+-- a plain UPDATE ({set} and {guard}: the portable upsert's SET and WHERE, so a
+-- succeeded step is never downgraded); only the others go through the upsert.
+-- One upsert for all would do the same, but for a row that exists it first
+-- locks it, a WAL record of its own (a step's finish rewrites the row its start
+-- inserted: ~54 bytes a step, bench/results.md section 3d). The upsert stays for
+-- the new rows: a row a writer with our token inserted but had not committed
+-- when this statement began (our own earlier try of this write, still running
+-- on a connection we lost) is then updated, not a unique violation.
+step_rows AS (
+    SELECT {source}.id AS task_id, v.*
+      FROM {source},
+           jsonb_to_recordset(%(steps)s::jsonb)
+               AS v("index" int, name text, state text, output jsonb, attempts int,
+                    compensable bool, compensation_attempts int, error text,
+                    started_at timestamptz, finished_at timestamptz)
+), steps_updated AS (
+    UPDATE workflows_stepcheckpoint SET {set}
+      FROM step_rows AS excluded
+     WHERE workflows_stepcheckpoint.task_id = excluded.task_id
+       AND workflows_stepcheckpoint."index" = excluded."index"
+       AND ({guard})
+), steps_inserted AS (
+    INSERT INTO workflows_stepcheckpoint
+           (task_id, "index", name, state, output, attempts, compensable,
+            compensation_attempts, error, started_at, finished_at)
+    SELECT n.task_id, n."index", n.name, n.state, n.output, n.attempts, n.compensable,
+           n.compensation_attempts, n.error, n.started_at, n.finished_at
+      FROM step_rows AS n
+     WHERE NOT EXISTS (SELECT FROM workflows_stepcheckpoint AS s
+                        WHERE s.task_id = n.task_id AND s."index" = n."index")
+    {on_conflict}
 )
