@@ -86,7 +86,10 @@ def test_a_duplicate_storm_with_impatient_clients_runs_each_key_once(fleet):
         list(pool.map(lambda item: send(*item), plan))
     wait_until(settled(), 180, interval=0.5, what="every stormed task to finish")
     assert violations(observed) == []
-    assert len(observed.acknowledged) > 500  # most keys got an answer in 5 tries
+    # Not vacuous: many keys got an answer within their 5 impatient tries (alone, most
+    # of 1 000; 300 seen with a heavy test beside it on the other pytest worker, its
+    # answers slower than the 0.05-0.5 s patience).
+    assert len(observed.acknowledged) > 200
     assert Task.objects.count() <= 1000
     # The duplicates reached the server and were answered as replays of the one task:
     # per key one task id, at most one "created" answer (202, not replayed), every
