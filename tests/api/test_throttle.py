@@ -52,3 +52,33 @@ def test_the_action_rate_is_validated_like_the_trigger_rate(settings):
     for bad in ("600", "lots/min", "10/week", "-1/s"):
         with pytest.raises(ImproperlyConfigured, match="PILOT_ACTION_RATE"):
             parse_rate(ACTION.setting, bad)
+
+
+@pytest.mark.redis
+def test_with_redis_the_count_is_one_round_trip_and_its_window_expires(settings):
+    """The trigger's count in Redis: one MULTI/EXEC (SET NX with the window's
+    expiry, INCRBY), not Django's EXISTS + INCR (+ ADD for a window's first):
+    the counter is exact, readable through the cache API, and goes away with its
+    window."""
+    from unittest import mock
+
+    from django.core.cache import caches
+    from django.core.cache.backends.redis import RedisCache
+    from redis.client import Pipeline
+
+    from workflows.api.throttling import _consume
+
+    cache = caches["default"]
+    if not isinstance(cache, RedisCache):
+        pytest.fail("REDIS_URL is set but the default cache is not Redis")
+    prefix = f"t-{id(settings)}"
+    with mock.patch.object(Pipeline, "execute", autospec=True,
+                           side_effect=Pipeline.execute) as executed:
+        assert [_consume(prefix, 2, 5, 60) for _ in range(2)] == [None, None]
+        refused = _consume(prefix, 2, 5, 60)
+    assert executed.call_count == 3  # one round trip per count
+    assert refused is not None and 1.0 <= refused <= 60  # 6 > 5: wait for the next window
+    window = int(__import__("time").time() // 60)
+    key = cache.make_and_validate_key(f"{prefix}:{window}")
+    assert cache.get(f"{prefix}:{window}") == 4  # the refused 2 were given back
+    assert 0 < cache._cache.get_client(key).ttl(key) <= 61
