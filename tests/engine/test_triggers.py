@@ -348,3 +348,31 @@ def test_a_replay_never_writes_the_task_row_its_worker_fences_on(trigger):
     assert [r.task.replays for r in replays] == [1, 2, 3]
     assert Task.objects.filter(pk=first.pk).values().get() == before
     assert Task.objects.with_replays().get(pk=first.pk).pilot_replays == 3
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_a_new_key_and_a_replay_are_one_statement_each(owner):
+    """The trigger's fast path (queries.sql create_or_replay): the insert, or the
+    replay's lookup, log row, steps and count, in one round trip — a replay used
+    to pay a failed insert first."""
+    from django.test.utils import CaptureQueriesContext
+
+    def statements(key):
+        with CaptureQueriesContext(connection) as seen:
+            outcome = task_trigger(owner=owner, key=key, workflow="demo.echo", payload={"a": 1})
+        return outcome, [q["sql"] for q in seen.captured_queries
+                         if not q["sql"].startswith("PREPARE")]
+
+    statements("warm")  # prepares the statement on this connection
+    created, sql = statements("one")
+    assert created.outcome == "created" and len(sql) == 1, sql
+    replayed, sql = statements("one")
+    assert replayed.outcome == "replayed" and len(sql) == 1, sql
+    assert (replayed.task.pk, replayed.task.replays, replayed.task.state) == (
+        created.task.pk, 1, S.PENDING)
+    assert TaskReplay.objects.filter(task_id=created.task.pk).count() == 1
+    # Not this request (another payload): nothing logged, the general path refuses it.
+    with pytest.raises(IdempotencyKeyReused):
+        task_trigger(owner=owner, key="one", workflow="demo.echo", payload={"a": 2})
+    assert TaskReplay.objects.filter(task_id=created.task.pk).count() == 1

@@ -106,8 +106,8 @@ WITH changed AS (
         "skip-on-conflict",
         "a trigger's INSERT loses ON CONFLICT DO NOTHING (the key dedupe)",
         "workflows/engine/store/queries.sql",
-        (("ON CONFLICT (owner_id, idempotency_key) DO NOTHING\nRETURNING created_at",
-          "RETURNING created_at"),),
+        (("    ON CONFLICT (owner_id, idempotency_key) DO NOTHING\n    RETURNING created_at",
+          "    RETURNING created_at"),),
         # (The 200-thread race in tests/concurrency/test_trigger_races.py catches it
         # too, but needs ~230 connections; these need one.)
         ("tests/engine/test_triggers.py::test_replays_are_counted_and_logged_with_their_time",

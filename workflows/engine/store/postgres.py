@@ -2,10 +2,9 @@
 each, the literal SQL of queries.sql (docs/design.md, "The store").
 
 A claim, a step boundary, a heartbeat and a transition (with its audit row and
-step rows) are one round trip each; a new-key trigger is one statement and a
-plain replay one more. Everything else is inherited from OrmStore, which is
-correct here too; the contract suite runs both stores on PostgreSQL and holds
-them to the same rows.
+step rows) are one round trip each; so is a trigger, new key or plain replay.
+Everything else is inherited from OrmStore, which is correct here too; the
+contract suite runs both stores on PostgreSQL and holds them to the same rows.
 """
 
 from __future__ import annotations
@@ -260,25 +259,28 @@ class PostgresStore(OrmStore):
         ("replayed", stored task with its steps) when the same request was
         replayed; None when the general path must decide (expired key, a
         failed task to restart, cancelled, a different request, a row another
-        transaction is still inserting). One statement for a new key, two for a
-        replay."""
+        transaction is still inserting). One statement either way."""
         params = {"id": task.pk, "owner_id": task.owner_id, "key": task.idempotency_key,
                   "workflow": task.workflow, "payload": json.dumps(task.payload),
                   "fingerprint": task.fingerprint, "max_attempts": task.max_attempts,
                   "source": task.source, "trace_id": task.trace_id,
                   "traceparent": task.traceparent, "callback_url": task.callback_url,
                   "idempotency_ttl": task.idempotency_ttl}
-        created = self._run("create_task", params)
-        if created is not None:
-            task.created_at = task.updated_at = task.enqueued_at = created[0]
+        with connection.cursor() as cursor:
+            cursor.execute(*prepared(QUERIES["create_or_replay"], params))
+            columns = [c.name for c in cursor.description]
+            values = dict(zip(columns, cursor.fetchone(), strict=True))
+        if values["pilot_created_at"] is not None:
+            task.created_at = task.updated_at = task.enqueued_at = values["pilot_created_at"]
             task.pilot_replays, task.pilot_last_replayed_at = 0, None
-            task.callback_url = created[1]
+            task.callback_url = values["pilot_created_callback_url"]
             return "created", task
-        rows = list(Task.objects.raw(*prepared(QUERIES["replay"], params)))
-        if not rows:
+        if values["id"] is None:
             return None
-        row = rows[0]
-        row._prefetched_objects_cache = {"steps": _steps(row.pk, row.pilot_steps)}
+        row = _task_from(values)
+        row.pilot_replays = values["pilot_replays"]
+        row.pilot_last_replayed_at = values["pilot_last_replayed_at"]
+        row._prefetched_objects_cache = {"steps": _steps(row.pk, values["pilot_steps"])}
         return "replayed", row
 
 

@@ -192,37 +192,41 @@ SELECT EXISTS (SELECT FROM fence) AS fenced;
 -- Why a fenced write was refused: the task's state and token now.
 SELECT state, lease_token FROM workflows_task WHERE id = %(task_id)s;
 
--- name: create_task
--- A trigger for a new key: insert the pending task unless (owner, key) exists;
--- the unique constraint arbitrates between concurrent triggers. Its times are
--- the database's. Its endpoint is the trigger's callback_url, else the owner's
--- default endpoint (a primary-key probe in this statement), else none. Its
--- idempotency TTL is its workflow's now, fixed for its life. A row back: this
--- call created it.
-INSERT INTO workflows_task
-       (id, owner_id, idempotency_key, workflow, payload, fingerprint, state, error,
-        error_type, attempts, max_attempts, lease_token, lease_owner, source,
-        trace_id, traceparent, callback_url, restarts, idempotency_ttl, created_at,
-        updated_at, enqueued_at, next_attempt_at)
-VALUES (%(id)s, %(owner_id)s, %(key)s, %(workflow)s, %(payload)s::jsonb, %(fingerprint)s,
-        'pending', '', '', 0, %(max_attempts)s, 0, '', %(source)s, %(trace_id)s,
-        %(traceparent)s,
-        COALESCE(NULLIF(%(callback_url)s, ''),
-                 (SELECT url FROM workflows_clientwebhook WHERE owner_id = %(owner_id)s), ''),
-        0, %(idempotency_ttl)s, statement_timestamp(), statement_timestamp(),
-        statement_timestamp(), statement_timestamp())
-ON CONFLICT (owner_id, idempotency_key) DO NOTHING
-RETURNING created_at, callback_url;
-
--- name: replay
--- A trigger for a key that exists, as the same request, in a state that replays
--- (pending, running, retrying, compensating, or succeeded and not expired): log
--- the replay (append-only: the task row, which its worker fences on, is not
--- written), return the task with its steps and its replay count. No row back:
--- the general path decides.
-WITH rep AS (
+-- name: create_or_replay
+-- A trigger, new key or replay, in one statement. `created`: insert the pending
+-- task unless (owner, key) exists; the unique constraint arbitrates between
+-- concurrent triggers. Its times are the database's. Its endpoint is the
+-- trigger's callback_url, else the owner's default endpoint (a primary-key probe
+-- in this statement), else none. Its idempotency TTL is its workflow's now,
+-- fixed for its life. `rep`, only when nothing was inserted: the task of that
+-- key if this is the same request in a state that replays (pending, running,
+-- retrying, compensating, or succeeded and not expired) — logged as a replay
+-- (append-only: the task row, which its worker fences on, is not written) and
+-- returned with its steps and its replay count. One row back: pilot_created_at
+-- set (created), or the task's columns (replayed), or neither — the general
+-- path decides (an expired key, a failed task to restart, cancelled, another
+-- request; or a row another trigger inserted after this statement began: the
+-- insert waited for it, but this statement's snapshot does not see it).
+WITH created AS (
+    INSERT INTO workflows_task
+           (id, owner_id, idempotency_key, workflow, payload, fingerprint, state, error,
+            error_type, attempts, max_attempts, lease_token, lease_owner, source,
+            trace_id, traceparent, callback_url, restarts, idempotency_ttl, created_at,
+            updated_at, enqueued_at, next_attempt_at)
+    VALUES (%(id)s, %(owner_id)s, %(key)s, %(workflow)s, %(payload)s::jsonb, %(fingerprint)s,
+            'pending', '', '', 0, %(max_attempts)s, 0, '', %(source)s, %(trace_id)s,
+            %(traceparent)s,
+            COALESCE(NULLIF(%(callback_url)s, ''),
+                     (SELECT url FROM workflows_clientwebhook WHERE owner_id = %(owner_id)s),
+                     ''),
+            0, %(idempotency_ttl)s, statement_timestamp(), statement_timestamp(),
+            statement_timestamp(), statement_timestamp())
+    ON CONFLICT (owner_id, idempotency_key) DO NOTHING
+    RETURNING created_at, callback_url
+), rep AS (
     SELECT * FROM workflows_task
-     WHERE owner_id = %(owner_id)s AND idempotency_key = %(key)s
+     WHERE NOT EXISTS (SELECT FROM created)
+       AND owner_id = %(owner_id)s AND idempotency_key = %(key)s
        AND fingerprint = %(fingerprint)s
        AND (state IN ('pending', 'running', 'retrying', 'compensating')
             OR (state = 'succeeded'
@@ -231,7 +235,9 @@ WITH rep AS (
     INSERT INTO workflows_taskreplay (task_id, workflow, count, at)
     SELECT id, workflow, 1, statement_timestamp() FROM rep
 )
-SELECT rep.*,
+SELECT (SELECT created_at FROM created) AS pilot_created_at,
+       (SELECT callback_url FROM created) AS pilot_created_callback_url,
+       rep.*,
        (SELECT json_agg(json_build_object(
                    'index', s."index", 'name', s.name, 'state', s.state,
                    'attempts', s.attempts, 'output', s.output, 'error', s.error,
@@ -242,7 +248,7 @@ SELECT rep.*,
        1 + (SELECT COALESCE(sum(r.count), 0) FROM workflows_taskreplay r
              WHERE r.task_id = rep.id) AS pilot_replays,
        statement_timestamp() AS pilot_last_replayed_at
-  FROM rep;
+  FROM (SELECT 1) AS one LEFT JOIN rep ON true;
 
 -- name: transition
 -- Persist a transition django-fsm applied in memory: {sets} is its diff (the
