@@ -94,7 +94,10 @@ def _redis_count(backend: RedisCache, key: str, cost: int, lifetime: int) -> int
     Values stay what the cache API reads (Django stores integers as plain
     integers), so `cache.get`/`decr` see the same counter."""
     full = backend.make_and_validate_key(key)
-    client = backend._cache.get_client(full, write=True)
+    client = backend.__dict__.get("pilot_counter_client")
+    if client is None:  # Django builds a new client object (~170 callbacks) per call
+        client = backend.__dict__["pilot_counter_client"] = backend._cache.get_client(
+            full, write=True)  # the backend object is per thread, so is this client
     pipe = client.pipeline(transaction=True)
     pipe.set(full, 0, ex=lifetime, nx=True)  # the window's first request starts it
     pipe.incrby(full, cost)
