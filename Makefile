@@ -175,7 +175,7 @@ $(BENCH_VENV)/.installed: bench/requirements.txt
 
 ## bench: PILOT against its baselines (raw django-q2, a bare DRF insert, DBOS,
 ## Procrastinate) on the local PostgreSQL and Redis, and embedded mode (SQLite next
-## to PostgreSQL), ~18 minutes; prints the table and writes bench/results.md.
+## to PostgreSQL), ~25 minutes; prints the table and writes bench/results.md.
 ## BENCH_QUICK=1: short runs, to check the harness. BENCH_ONLY=embedded (or
 ## BENCH_ONLY=metrics: /metrics after 10 000 worker recycles, ~1.5 min): that
 ## section alone, updated in bench/results.md in place.
