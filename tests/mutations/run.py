@@ -71,9 +71,9 @@ MUTANTS = (
         "a step write inserts the rows it did not see with a plain INSERT (a retry racing "
         "its own first try fails on the unique (task, index))",
         "workflows/engine/store/queries.sql",
-        (("""                        WHERE s.task_id = n.task_id AND s."index" = n."index")
+        (("""                                   WHERE s.task_id = (SELECT id FROM {source})))
     {on_conflict}
-)""", """                        WHERE s.task_id = n.task_id AND s."index" = n."index")
+)""", """                                   WHERE s.task_id = (SELECT id FROM {source})))
 )"""),),
         ("tests/engine/store/test_contract.py::"
          "test_a_step_write_retried_while_its_first_try_is_still_open_lands_once",),

@@ -411,7 +411,8 @@ step_rows AS (
 ), steps_updated AS (
     UPDATE workflows_stepcheckpoint SET {set}
       FROM step_rows AS excluded
-     WHERE workflows_stepcheckpoint.task_id = excluded.task_id
+     WHERE workflows_stepcheckpoint.task_id = (SELECT id FROM {source})
+       AND workflows_stepcheckpoint.task_id = excluded.task_id
        AND workflows_stepcheckpoint."index" = excluded."index"
        AND ({guard})
 ), steps_inserted AS (
@@ -421,7 +422,9 @@ step_rows AS (
     SELECT n.task_id, n."index", n.name, n.state, n.output, n.attempts, n.compensable,
            n.compensation_attempts, n.error, n.started_at, n.finished_at
       FROM step_rows AS n
-     WHERE NOT EXISTS (SELECT FROM workflows_stepcheckpoint AS s
-                        WHERE s.task_id = n.task_id AND s."index" = n."index")
+     -- the task's stored indexes, read once through its (task, index) key: a
+     -- NOT EXISTS here was planned as a hash anti-join over the whole table
+     WHERE n."index" <> ALL (ARRAY(SELECT s."index" FROM workflows_stepcheckpoint AS s
+                                   WHERE s.task_id = (SELECT id FROM {source})))
     {on_conflict}
 )
