@@ -8,12 +8,13 @@ from datetime import timedelta
 
 import pytest
 from django.db.models.functions import Now
+from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from tests.factories import make_task
 from workflows.engine.leases import Lease, Refused
 from workflows.engine.store import rows
-from workflows.models import StepCheckpoint, Task, TaskTransition
+from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition
 from workflows.states import STEP_OVERWRITES, StepState
 from workflows.states import TaskState as S
 
@@ -460,3 +461,63 @@ def test_a_refused_success_claims_nothing(any_store, owner):
                              steps=[rows.succeeded(0, "s", 1, held.db_now, compensable=False)],
                              then_claim_for=("w", LEASE))
     assert fields(waiting.pk)["state"] == S.PENDING
+
+
+@pytest.mark.postgres
+def test_no_hot_statement_reads_a_whole_table(owner):
+    """Each hot statement reaches its rows through a key, also in the generic plan
+    a prepared statement settles on: one step write planned as a hash anti-join
+    read every checkpoint at every step boundary (PILOT end to end fell to a
+    quarter of its rate in make bench, and no test noticed). Checked with
+    EXPLAIN on a store holding thousands of rows, the planner's statistics fresh."""
+    import json
+    import re
+
+    from django.db import connection
+
+    from workflows.engine.store.postgres import QUERIES, _numbered
+    from workflows.fingerprint import fingerprint
+
+    now = timezone.now()
+    tasks = Task.objects.bulk_create(
+        Task(owner=owner, idempotency_key=f"bulk-{i}", workflow="demo.echo", payload={},
+             fingerprint=fingerprint("demo.echo", {}), max_attempts=3, created_at=now,
+             updated_at=now, next_attempt_at=now, lease_token=1)
+        for i in range(1500))
+    StepCheckpoint.objects.bulk_create(
+        StepCheckpoint(task_id=t.pk, index=i, name=f"s{i}", state="succeeded")
+        for t in tasks for i in range(3))
+    TaskReplay.objects.bulk_create(TaskReplay(task_id=t.pk, workflow="demo.echo", count=1,
+                                              at=now) for t in tasks for _ in range(2))
+    task = tasks[0]
+    steps = json.dumps([{"index": 3, "name": "s3", "state": "running", "output": None,
+                         "attempts": 1, "compensable": False, "compensation_attempts": 0,
+                         "error": "", "started_at": None, "finished_at": None}])
+    common = {"task_id": task.pk, "token": 1, "steps": steps, "lease_seconds": 60,
+              "transition": "succeed", "from_state": "running", "to_state": "succeeded",
+              "actor": "a", "reason": "", "at": now, "deliver": False, "restarts": 0,
+              "callback_url": "", "give_up_seconds": 60, "v0": now, "owner_id": owner.pk,
+              "key": "bulk-1", "fingerprint": task.fingerprint, "id": uuid.uuid4(),
+              "workflow": "demo.echo", "payload": "{}", "max_attempts": 3, "source": "api",
+              "trace_id": "", "traceparent": "", "idempotency_ttl": timedelta(days=1),
+              "progress": "1", "index": 0}
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE workflows_task, workflows_stepcheckpoint, "
+                       "workflows_taskreplay, workflows_tasktransition")
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        try:
+            for name in ("write_steps", "write_steps_renew", "save_progress", "transition",
+                         "transition_with_steps", "create_or_replay", "renew", "check"):
+                sql = QUERIES[name].replace("{sets}", '"updated_at" = %(v0)s')
+                key, text, names = _numbered(sql)
+                cursor.execute(f"PREPARE plan_{key} AS {text}")
+                cursor.execute(f"EXPLAIN EXECUTE plan_{key}({', '.join(['%s'] * len(names))})",
+                               [common[n] for n in names])
+                plan = "\n".join(row[0] for row in cursor.fetchall())
+                cursor.execute(f"DEALLOCATE plan_{key}")
+                for table in ("workflows_task", "workflows_stepcheckpoint",
+                              "workflows_taskreplay"):
+                    assert not re.search(rf"Seq Scan on {table}\b(?!_|replay)", plan), (
+                        name, plan)
+        finally:
+            cursor.execute("RESET plan_cache_mode")
