@@ -18,8 +18,9 @@ the clock and turns their JSON answers into tables (bench/tables.py,
 bench/report.py). A
 workload that fails is reported as such and the run goes on. End-to-end
 repetitions stop early when the next one would overrun BENCH_BUDGET_MINUTES
-(default 35, so the full plan gets its 3 even on a slow day); the table says how many ran. Raw answers go to
-bench/out/results.json, logs of every process to bench/out/logs/.
+(default 35, so the full plan gets its 3 even on a slow day); the table says
+how many ran. Raw answers go to bench/out/results.json, logs of every process
+to bench/out/logs/.
 """
 
 from __future__ import annotations

@@ -280,7 +280,9 @@ class PostgresStore(OrmStore):
         row = _task_from(values)
         row.pilot_replays = values["pilot_replays"]
         row.pilot_last_replayed_at = values["pilot_last_replayed_at"]
-        row._prefetched_objects_cache = {"steps": _steps(row.pk, values["pilot_steps"])}
+        # what prefetch_related("steps") would leave: task.steps.all() reads no more
+        row._prefetched_objects_cache = {  # type: ignore[attr-defined]
+            "steps": _steps(row.pk, values["pilot_steps"])}
         return "replayed", row
 
 
