@@ -80,6 +80,7 @@ class Plan:
     e2e_reps: int
     e2e_runs: int
     scaling_runs: int
+    scaling_reps: int      # repetitions of PILOT's and raw django-q2's 1- and 2-worker runs
     paced_runs: int
     pace: float            # triggers per second for the unloaded queue lag
     cleanup_tasks: int
@@ -97,12 +98,12 @@ class Plan:
 
 
 FULL = Plan("full", trigger_reps=3, trigger_seconds=8, batches=3, e2e_reps=3, e2e_runs=2000,
-            scaling_runs=1000, paced_runs=60, pace=20, cleanup_tasks=100_000,
+            scaling_runs=1000, scaling_reps=3, paced_runs=200, pace=20, cleanup_tasks=100_000,
             cleanup_seconds=10, profile_runs=500, embedded_reps=3, embedded_seconds=5,
             embedded_runs=1000, admin_tasks=100_000, admin_reps=15, burst_runs=20_000,
             wal_runs=2000, metrics_recycles=10_000, metrics_reps=5)
 QUICK = Plan("quick", trigger_reps=2, trigger_seconds=3, batches=1, e2e_reps=1, e2e_runs=300,
-             scaling_runs=200, paced_runs=30, pace=20, cleanup_tasks=10_000,
+             scaling_runs=200, scaling_reps=1, paced_runs=60, pace=20, cleanup_tasks=10_000,
              cleanup_seconds=3, profile_runs=200, embedded_reps=1, embedded_seconds=3,
              embedded_runs=200, admin_tasks=10_000, admin_reps=5, burst_runs=2000,
              wal_runs=300, metrics_recycles=1000, metrics_reps=3)
@@ -159,8 +160,7 @@ class Bench:
         self.results["cleanup"] = self.workload(
             "cleanup", "bench.workloads.cleanup", "--tasks", p.cleanup_tasks,
             "--seconds", p.cleanup_seconds, env=pilot_env("redis"))
-        self.results["scaling"] = [self.e2e("pilot", "redis", p.scaling_runs, workers=w,
-                                            name=f"scaling-{w}-workers") for w in (1, 2, 4)]
+        self.scaling()
         self.results["paced"] = [self.e2e(system, broker, p.paced_runs, pace=p.pace,
                                           name=f"lag-paced-{system}-{broker}")
                                  for system in ("pilot", "rawdefault")
@@ -211,6 +211,18 @@ class Bench:
                 results[db]["e2e"].append(self.e2e(
                     "pilot", "orm", p.embedded_runs, name=f"embedded-e2e-{db}-{rep + 1}",
                     database=url))
+
+    def scaling(self) -> None:
+        """Section 6: PILOT and raw django-q2 (the same tuned cluster, the machine's
+        own reference) at 1 and 2 workers, repetitions interleaved; PILOT at 4 once."""
+        p, runs = self.plan, []
+        for rep in range(p.scaling_reps):
+            for system in ("pilot", "raw"):
+                runs += [self.e2e(system, "redis", p.scaling_runs, workers=w,
+                                  name=f"scaling-{system}-{w}-workers-{rep + 1}") for w in (1, 2)]
+        runs.append(self.e2e("pilot", "redis", p.scaling_runs, workers=4,
+                             name="scaling-pilot-4-workers"))
+        self.results["scaling"] = runs
 
     def e2e(self, system: str, broker: str | None, runs: int, *, workers: int = 2,
             pace: float = 0.0, name: str, extra: tuple = (),
