@@ -19,9 +19,10 @@ from tests.admin.conftest import task_url
 from tests.factories import make_task
 from workflows.admin.text import timestamp
 from workflows.engine.operations import task_cancel
+from workflows.engine.replays import replays_fold
 from workflows.engine.runner import task_run
 from workflows.engine.triggers import task_trigger
-from workflows.models import StepCheckpoint, Task
+from workflows.models import StepCheckpoint, Task, TaskReplay
 from workflows.states import TaskState as S
 
 pytestmark = pytest.mark.django_db
@@ -149,6 +150,11 @@ def test_replays_are_listed_with_when_and_who(operator_client, owner):
     replays = html.split('id="pilot-replays"')[1].split("</table>")[0]
     assert "2 duplicate trigger(s)" in replays and "<strong>client-a</strong>" in replays
     assert replays.count("<td>1</td>") == 2
+    TaskReplay.objects.filter(task=task).update(at=task.created_at - timedelta(hours=2))
+    replays_fold()  # one hour's calls become one row: its last, and how many
+    html = operator_client.get(task_url(task)).content.decode()
+    replays = html.split('id="pilot-replays"')[1].split("</table>")[0]
+    assert "2 duplicate trigger(s)" in replays and replays.count("<td>2</td>") == 1
 
 
 def test_the_workflow_links_to_its_page_and_its_other_tasks(operator_client, owner):

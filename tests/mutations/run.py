@@ -79,6 +79,28 @@ MUTANTS = (
          "test_a_step_write_retried_while_its_first_try_is_still_open_lands_once",),
     ),
     Mutant(
+        "fold-inserts-a-new-row",
+        "the replay log's fold deletes a group and inserts its sum as a new row (a cleanup "
+        "deleting the task meanwhile cannot see that row and fails on the foreign key)",
+        "workflows/engine/replays.py",
+        (("""        TaskReplay.objects.filter(pk=kept).update(count=sum(n for _, n in members))
+        TaskReplay.objects.filter(pk__in=others).delete()""",
+          """        last = TaskReplay.objects.get(pk=kept)
+        TaskReplay.objects.filter(pk__in=[kept, *others]).delete()
+        TaskReplay.objects.create(task_id=task_id, workflow=last.workflow, at=last.at,
+                                  count=sum(n for _, n in members))"""),),
+        ("tests/windows/test_replay_fold_windows.py::"
+         "test_a_cleanup_deleting_the_task_inside_a_folds_window_deletes_every_row",),
+    ),
+    Mutant(
+        "fold-without-row-locks",
+        "the replay log's fold reads its group without locking it (two folders count it twice)",
+        "workflows/engine/replays.py",
+        (("TaskReplay.objects.select_for_update(skip_locked=True)", "TaskReplay.objects"),),
+        ("tests/windows/test_replay_fold_windows.py::"
+         "test_a_replay_and_a_second_fold_inside_a_folds_window_count_once",),
+    ),
+    Mutant(
         "transition-without-fence",
         "a transition (succeed, fail, retry, ...) no longer checks the lease token",
         "workflows/engine/store/queries.sql",

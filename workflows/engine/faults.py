@@ -29,6 +29,7 @@ POINTS = (
     "after_compensation_body",  # a plain compensation returned, not yet recorded
     "during_lease_renewal",  # a heartbeat is due, the renewal not yet sent
     "before_ack",           # task finished and committed, message not yet acknowledged
+    "before_fold_commit",   # a replay group folded (one row kept, the rest deleted), not committed
 )
 
 

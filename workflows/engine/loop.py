@@ -1,5 +1,6 @@
 """The dispatcher loop around `dispatch_once` (and the schedules' firing pass,
-`schedules_fire_due`: any number of dispatchers may run both), with a clean stop."""
+`schedules_fire_due`, and the replay log's folding, `replays.Folding`: any number
+of dispatchers may run all three), with a clean stop."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from workflows.conf import pilot_settings
 from workflows.engine.dispatcher import dispatch_once
+from workflows.engine.replays import Folding
 from workflows.engine.scheduler_loop import scheduler_wait
 from workflows.engine.schedules import schedules_fire_due
 from workflows.observability.events import emit
@@ -27,6 +29,7 @@ def dispatcher_loop(stop: threading.Event, *, poll: float | None = None,
     bad pass never stops recovery for every task. Returns the number of passes."""
     poll = pilot_settings.PILOT_DISPATCHER_POLL_SECONDS if poll is None else poll
     passes, outage_wait = 0, poll
+    fold = Folding()
     emit("dispatcher_started", poll_seconds=poll)
     while not stop.is_set() and (max_passes is None or passes < max_passes):
         started = time.monotonic()
@@ -34,6 +37,7 @@ def dispatcher_loop(stop: threading.Event, *, poll: float | None = None,
             close_old_connections()
             report = dispatch_once()
             fired = schedules_fire_due()
+            fold(report.db_now)  # type: ignore[arg-type]  # db_now: set by every pass
             outage_wait = poll
         except DatabaseError as exc:
             emit("dispatcher_db_unavailable", level=logging.WARNING, error=str(exc)[:200])
