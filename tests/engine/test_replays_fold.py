@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.helpers import pop_queued
 from workflows.admin.stats import activity_per_hour
+from workflows.engine import faults
 from workflows.engine.loop import dispatcher_loop
 from workflows.engine.replays import Folding, fold_since, replays_fold
 from workflows.engine.triggers import task_trigger
@@ -113,3 +114,16 @@ def test_the_dispatcher_loop_folds_the_whole_log_at_once_then_every_minute(owner
     log(task, (0, 2, 1))
     assert folding(NOW) is None  # not due again within the hour
     assert folding.since == HOUR - timedelta(hours=1)
+
+
+def test_a_fold_that_fails_never_stops_the_dispatcher_and_is_tried_again_later(owner, caplog):
+    task = trigger(owner)
+    log(task, (1, 0, 1), (1, 1, 1))
+    with (faults.armed("before_fold_commit", error=RuntimeError("disk on fire")),
+          caplog.at_level("ERROR", logger="pilot.events")):
+        assert dispatcher_loop(threading.Event(), poll=0, max_passes=3) == 3
+    errors = [r.pilot["error"] for r in caplog.records if r.getMessage() == "dispatcher_error"]
+    assert errors == ["replay fold: RuntimeError: disk on fire"]
+    assert len(rows(task)) == 2  # rolled back whole; tried again a minute later
+    folding = Folding(every=0)
+    assert folding(NOW).removed == 1

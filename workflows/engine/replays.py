@@ -25,6 +25,7 @@ Replays appended meanwhile are not locked by anybody; the next fold takes them.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -93,13 +94,23 @@ class Folding:
         self.next_at = 0.0
 
     def __call__(self, db_now: datetime) -> FoldReport | None:
-        """Fold if due; `db_now` is the database's time read before this fold."""
+        """Fold if due; `db_now` is the database's time read before this fold.
+        Housekeeping never stops the dispatcher's own work: a fold that fails is
+        logged, counted (`pilot_dispatcher_errors_total`) and tried again a
+        period later, not at every pass."""
         if time.monotonic() < self.next_at:
             return None
-        report = replays_fold(since=self.since)
-        if not report.full:
+        self.next_at = time.monotonic() + self.every
+        try:
+            report = replays_fold(since=self.since)
+        except Exception as exc:  # noqa: BLE001 - see above; each group's transaction rolled back
+            emit("dispatcher_error", level=logging.ERROR,
+                 error=f"replay fold: {type(exc).__name__}: {exc}"[:300])
+            return None
+        if report.full:
+            self.next_at = 0.0  # the rest at the next pass
+        else:
             self.since = fold_since(db_now)
-            self.next_at = time.monotonic() + self.every
         if report.removed:
             emit("dispatcher_action", action="replays_folded", count=report.removed)
         return report
