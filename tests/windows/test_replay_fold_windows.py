@@ -1,4 +1,4 @@
-"""The replay log's folding under concurrency (docs/design.md, "Replays";
+"""The replay log's folding under concurrency (docs/design.md, "Dispatcher";
 workflows/engine/replays.py), on PostgreSQL with real connections: a fold is
 exact whatever runs beside it — another fold, replays of the same key, a
 cleanup deleting the task — each at the exact window between a fold's writes

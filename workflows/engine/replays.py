@@ -1,4 +1,4 @@
-"""The replay log, kept short (docs/design.md, "Replays").
+"""The replay log, kept short (docs/design.md, "Dispatcher").
 
 A replay appends a TaskReplay row, and a task's replay count is the sum of its
 rows (models/replay.py): append-only, so duplicate triggers never write the
