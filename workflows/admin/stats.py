@@ -39,8 +39,12 @@ def activity_per_hour(now: datetime, *, hours: int = 24) -> list[ActivityBucket]
     buckets = {first + timedelta(hours=i): ActivityBucket(first + timedelta(hours=i))
                for i in range(hours)}
 
+    # Bounded on both sides: a row written after `now` was read — in the next
+    # hour when `now` is just before one, or by a database whose clock runs
+    # ahead of this process's — belongs to no bucket here.
     def hourly(queryset, field, **aggregates):
-        return (queryset.filter(**{f"{field}__gte": first})
+        return (queryset.filter(**{f"{field}__gte": first,
+                                   f"{field}__lt": current + timedelta(hours=1)})
                 .annotate(hour=TruncHour(field, tzinfo=UTC))
                 .order_by().values("hour").annotate(**aggregates))
 
