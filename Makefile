@@ -163,6 +163,14 @@ bench-admin: $(VENV)/.installed
 bench-recovery: $(VENV)/.installed-dev
 	$(PY) bench/kill_recovery.py
 
+## bench-fold: the dispatcher folding a backlog of 200 000 replay rows, in one statement a
+## batch (PostgreSQL store) against a transaction a group (the portable store, as before);
+## its own database, pilot_bench_fold, on the local PostgreSQL. ~3 minutes.
+.PHONY: bench-fold
+bench-fold: $(VENV)/.installed-dev
+	DATABASE_URL=$${BENCH_FOLD_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/pilot_bench_fold} \
+		$(PY) bench/fold_backlog.py
+
 ## bench-tracing: what trace context costs the runner per step, with OpenTelemetry absent,
 ## unconfigured and recording (docs/tracing.md); in-process, no database.
 bench-tracing: $(VENV)/.installed-dev

@@ -82,21 +82,39 @@ MUTANTS = (
         "fold-inserts-a-new-row",
         "the replay log's fold deletes a group and inserts its sum as a new row (a cleanup "
         "deleting the task meanwhile cannot see that row and fails on the foreign key)",
-        "workflows/engine/replays.py",
-        (("""        TaskReplay.objects.filter(pk=kept).update(count=sum(n for _, n in members))
-        TaskReplay.objects.filter(pk__in=others).delete()""",
-          """        last = TaskReplay.objects.get(pk=kept)
-        TaskReplay.objects.filter(pk__in=[kept, *others]).delete()
-        TaskReplay.objects.create(task_id=task_id, workflow=last.workflow, at=last.at,
-                                  count=sum(n for _, n in members))"""),),
+        "workflows/engine/store/queries.sql",
+        (("""), kept AS (
+    UPDATE workflows_taskreplay AS r SET count = ranked.total
+      FROM ranked
+     WHERE r.id = ranked.id AND ranked.place = 1 AND ranked.members > 1
+    RETURNING 1
+), removed AS (
+    DELETE FROM workflows_taskreplay AS r
+     USING ranked
+     WHERE r.id = ranked.id AND ranked.place > 1
+    RETURNING 1
+)""", """), kept AS (
+    INSERT INTO workflows_taskreplay (task_id, workflow, count, at)
+    SELECT r.task_id, r.workflow, ranked.total, r.at
+      FROM ranked JOIN workflows_taskreplay AS r ON r.id = ranked.id
+     WHERE ranked.place = 1 AND ranked.members > 1
+    RETURNING 1
+), removed AS (
+    DELETE FROM workflows_taskreplay AS r
+     USING ranked
+     WHERE r.id = ranked.id AND ranked.members > 1 AND ranked.place > 0
+    RETURNING 1
+)"""),),
         ("tests/windows/test_replay_fold_windows.py::"
          "test_a_cleanup_deleting_the_task_inside_a_folds_window_deletes_every_row",),
     ),
     Mutant(
         "fold-without-row-locks",
         "the replay log's fold reads its group without locking it (two folders count it twice)",
-        "workflows/engine/replays.py",
-        (("TaskReplay.objects.select_for_update(skip_locked=True)", "TaskReplay.objects"),),
+        "workflows/engine/store/queries.sql",
+        (("""                AND r.at >= found.hour AND r.at < found.hour + interval '1 hour'
+       FOR UPDATE OF r SKIP LOCKED""",
+          """                AND r.at >= found.hour AND r.at < found.hour + interval '1 hour'"""),),
         ("tests/windows/test_replay_fold_windows.py::"
          "test_a_replay_and_a_second_fold_inside_a_folds_window_count_once",),
     ),

@@ -6,6 +6,7 @@ read from the database's clock — the backoff's `next_attempt_at` and the audit
 rows' `at` — never from this process's sleeps."""
 
 import threading
+import time
 import uuid
 from datetime import timedelta
 
@@ -14,10 +15,11 @@ from django.db import connections
 from django.db.models.functions import Now
 
 from tests.support.helpers import pop_queued, wait_for
+from workflows.engine import faults
 from workflows.engine.loop import dispatcher_loop
 from workflows.engine.triggers import task_trigger
 from workflows.errors import RetryableError
-from workflows.models import Task, TaskTransition
+from workflows.models import Task, TaskReplay, TaskTransition
 from workflows.states import TaskState as S
 from workflows.worker import run_task
 
@@ -105,3 +107,20 @@ def test_a_due_retry_is_claimed_within_one_poll_interval_by_the_database_clock(
     for task in (known, unknown):
         task.refresh_from_db()
         assert (task.state, task.attempts) == (S.SUCCEEDED, 2)
+
+
+def test_a_slow_pass_does_not_add_its_own_time_to_a_known_retrys_lateness(retrying, dispatcher):
+    """The first pass sees the retry due in 2.5 s, then folds the replay log for
+    2 s (a backlog after an upgrade, say): the loop sleeps what is left of the
+    2.5 s, not 2.5 s more."""
+    task = retrying()
+    TaskReplay.objects.bulk_create([TaskReplay(task=task, workflow=task.workflow, count=1)
+                                    for _ in range(2)])  # one group to fold
+    due = _due_in(task, 2.5)
+    with faults.on("before_fold_commit", lambda: time.sleep(2.0)):
+        dispatcher()
+        claim = _deliver_until_claimed(task)
+    late = (claim.at - due).total_seconds()
+    print(f"retry due during a 2 s fold: claimed {late:.3f} s after it fell due")
+    assert 0 <= late < 1.0, (due, claim.at)  # the fold's 2 s would make it ~2 s
+    assert TaskReplay.objects.filter(task=task).count() == 1  # and the fold went through

@@ -57,11 +57,15 @@ def dispatcher_loop(stop: threading.Event, *, poll: float | None = None,
         emit("dispatcher_pass", level=logging.DEBUG)
         if report.full or fired.full:
             continue
+        # A wait for something due counts from the pass's start (db_now is read
+        # there): the time the pass itself took — its scans, the schedules, a
+        # fold — is not added to a due retry's lateness.
+        elapsed = time.monotonic() - started
         wait = poll
         if report.next_due is not None:
             # db_now: set by every pass
-            wait = min(wait, max(0.0, (report.next_due - report.db_now).total_seconds()))  # type: ignore[operator]  # noqa: E501
-        wait = min(wait, scheduler_wait(fired, poll=poll, elapsed=time.monotonic() - started))
+            wait = min(wait, max(0.0, (report.next_due - report.db_now).total_seconds() - elapsed))  # type: ignore[operator]  # noqa: E501
+        wait = min(wait, scheduler_wait(fired, poll=poll, elapsed=elapsed))
         stop.wait(wait)
     emit("dispatcher_stopped", passes=passes)
     return passes

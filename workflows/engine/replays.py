@@ -27,15 +27,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 
-from django.db import transaction
-from django.db.models import Count
-from django.db.models.functions import TruncHour
-
-from workflows.engine import faults
-from workflows.models import TaskReplay
+from workflows.engine.store import store
 from workflows.observability.events import emit
 
 FOLD_SECONDS = 60.0
@@ -49,37 +43,18 @@ class FoldReport:
     full: bool = False  # the batch limit was reached: fold again
 
 
-def replays_fold(*, since: datetime | None = None, batch: int = 200) -> FoldReport:
-    """Fold up to `batch` (task, UTC hour) groups of more than one row each,
-    among rows at or after `since` (None: the whole log). `since` must be an
-    hour boundary, so that a group is wholly inside or outside."""
+def replays_fold(*, since: datetime | None = None, batch: int | None = None) -> FoldReport:
+    """Fold up to `batch` (task, UTC hour) groups of more than one row each
+    (None: the store's `fold_batch`), among rows at or after `since` (None: the
+    whole log). `since` must be an hour boundary, so that a group is wholly
+    inside or outside. The store does it (`fold_replays`): on PostgreSQL a
+    batch is one statement, elsewhere one transaction per group."""
     if since is not None and since != fold_since(since, hours_back=0):
         raise ValueError(f"since must be a UTC hour boundary, not {since.isoformat()}")
-    rows = TaskReplay.objects.all() if since is None else TaskReplay.objects.filter(at__gte=since)
-    groups = list(rows.annotate(hour=TruncHour("at", tzinfo=UTC)).order_by()
-                  .values("task_id", "hour").annotate(n=Count("id")).filter(n__gt=1)[:batch])
-    report = FoldReport(full=len(groups) == batch)
-    for group in groups:
-        removed = _fold_group(group["task_id"], group["hour"])
-        report.groups += removed > 0
-        report.removed += removed
-    return report
-
-
-def _fold_group(task_id: uuid.UUID, hour: datetime) -> int:
-    """One group in one transaction: the rows this folder could lock, newest
-    kept with their summed count, the others deleted. Returns rows removed."""
-    with transaction.atomic():
-        members = list(TaskReplay.objects.select_for_update(skip_locked=True)
-                       .filter(task_id=task_id, at__gte=hour, at__lt=hour + HOUR)
-                       .order_by("-at", "-id").values_list("id", "count"))
-        if len(members) < 2:
-            return 0
-        (kept, _), others = members[0], [pk for pk, _ in members[1:]]
-        TaskReplay.objects.filter(pk=kept).update(count=sum(n for _, n in members))
-        TaskReplay.objects.filter(pk__in=others).delete()
-        faults.fault_point("before_fold_commit")
-    return len(others)
+    folder = store()
+    batch = folder.fold_batch if batch is None else batch
+    folded, removed, found = folder.fold_replays(since=since, batch=batch)
+    return FoldReport(groups=folded, removed=removed, full=found == batch)
 
 
 class Folding:

@@ -521,3 +521,47 @@ def test_no_hot_statement_reads_a_whole_table(owner):
                         name, plan)
         finally:
             cursor.execute("RESET plan_cache_mode")
+
+
+# --- the replay log --------------------------------------------------------------------------
+
+def test_fold_replays_keeps_the_newest_row_of_each_task_hour_with_the_sum(any_store, owner):
+    """Both stores fold the same log to the same rows: per (task, UTC hour) with
+    more than one row, the newest row (ties: the highest id) kept with the summed
+    count, the others gone; a lone row, another hour, a row before `since` and the
+    batch limit respected; the report counts groups folded, rows removed, groups
+    found."""
+    from datetime import UTC, datetime
+
+    one, two = make_task(owner), make_task(owner)
+    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+
+    def at(hours, minute):
+        return hour + timedelta(hours=hours, minutes=minute)
+
+    def entry(task, when, count=1):
+        return TaskReplay.objects.create(task=task, workflow=task.workflow, count=count,
+                                         at=when).pk
+
+    entry(one, at(0, 5), 2)
+    tie_low = entry(one, at(0, 40))
+    tie_high = entry(one, at(0, 40), 3)      # same `at`: the higher id is kept
+    entry(one, at(-5, 1)), entry(one, at(-5, 2))  # before `since`: left alone
+    lone = entry(one, at(1, 0))               # its hour has one row
+    entry(two, at(2, 10)), entry(two, at(2, 59, ), 4)
+    newest_two = entry(two, at(2, 59) + timedelta(seconds=30))
+
+    def log():
+        return sorted(TaskReplay.objects.filter(at__gte=hour).values_list("task_id", "at",
+                                                                           "count", "id"))
+
+    # One group per call: (task, hour) order, then nothing found beyond the batch.
+    assert any_store.fold_replays(since=hour, batch=1)[2] == 1
+    assert any_store.fold_replays(since=hour, batch=5) == (1, 2, 1)
+    assert any_store.fold_replays(since=hour, batch=5) == (0, 0, 0)
+    assert log() == sorted([(one.pk, at(0, 40), 6, tie_high), (one.pk, at(1, 0), 1, lone),
+                            (two.pk, at(2, 59) + timedelta(seconds=30), 6, newest_two)])
+    assert not TaskReplay.objects.filter(pk=tie_low).exists()
+    assert TaskReplay.objects.filter(at__lt=hour).count() == 2
+    assert any_store.fold_replays(since=None, batch=5) == (1, 1, 1)
+    assert TaskReplay.objects.filter(at__lt=hour).values_list("count", flat=True).get() == 2

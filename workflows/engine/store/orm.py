@@ -24,19 +24,20 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import DateTimeField, ExpressionWrapper
-from django.db.models.functions import Now
+from django.db.models import Count, DateTimeField, ExpressionWrapper
+from django.db.models.functions import Now, TruncHour
 from django.db.models.sql import Query
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django_fsm import ConcurrentTransition
 
 from workflows.conf import pilot_settings
+from workflows.engine import faults
 from workflows.engine.caps import Slots, blocked_q, caps, slot_free_exact
 from workflows.engine.enqueue import deliveries_enqueue_on_commit
 from workflows.engine.leases import Lease, Refused
 from workflows.engine.store.rows import StepRow
-from workflows.models import StepCheckpoint, Task, TaskTransition, WebhookDelivery
+from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition, WebhookDelivery
 from workflows.models.webhook import delivery_message_id
 from workflows.observability.events import emit_on_commit
 from workflows.states import FINISHED_STATES, STEP_OVERWRITES, TaskState
@@ -125,6 +126,7 @@ ON CONFLICT (task_id, "index") DO UPDATE SET{UPSERT_SET}WHERE {UPSERT_GUARD}
 
 class OrmStore:
     name = "orm"
+    fold_batch = 200  # replay-log groups per fold (fold_replays): one transaction each
 
     # --- time ----------------------------------------------------------------------------
 
@@ -371,6 +373,39 @@ class OrmStore:
     def create_or_replay(self, task: Task) -> tuple[str, Task] | None:
         """A fast path for one trigger (see PostgresStore); None: take the general path."""
         return None
+
+    # --- the replay log ---------------------------------------------------------------------
+
+    def fold_replays(self, *, since: datetime | None, batch: int) -> tuple[int, int, int]:
+        """Fold up to `batch` (task, UTC hour) groups of more than one TaskReplay
+        row (at or after `since`; None: all): in each, of the rows this folder
+        could lock (FOR UPDATE SKIP LOCKED), the newest is kept with their summed
+        count and the others deleted. Returns (groups folded, rows removed,
+        groups found). Here one transaction per group."""
+        rows = (TaskReplay.objects.all() if since is None
+                else TaskReplay.objects.filter(at__gte=since))
+        groups = list(rows.annotate(hour=TruncHour("at", tzinfo=UTC)).order_by()
+                      .values("task_id", "hour").annotate(n=Count("id")).filter(n__gt=1)
+                      [:batch])
+        folded = removed = 0
+        for group in groups:
+            gone = self._fold_group(group["task_id"], group["hour"])
+            folded += gone > 0
+            removed += gone
+        return folded, removed, len(groups)
+
+    def _fold_group(self, task_id: Any, hour: datetime) -> int:
+        with transaction.atomic():
+            members = list(TaskReplay.objects.select_for_update(skip_locked=True)
+                           .filter(task_id=task_id, at__gte=hour, at__lt=hour + timedelta(hours=1))
+                           .order_by("-at", "-id").values_list("id", "count"))
+            if len(members) < 2:
+                return 0
+            (kept, _), others = members[0], [pk for pk, _ in members[1:]]
+            TaskReplay.objects.filter(pk=kept).update(count=sum(n for _, n in members))
+            TaskReplay.objects.filter(pk__in=others).delete()
+            faults.fault_point("before_fold_commit")
+        return len(others)
 
 
 class SqliteStore(OrmStore):

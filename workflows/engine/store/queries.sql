@@ -250,6 +250,48 @@ SELECT (SELECT created_at FROM created) AS pilot_created_at,
        statement_timestamp() AS pilot_last_replayed_at
   FROM (SELECT 1) AS one LEFT JOIN rep ON true;
 
+-- name: fold_replays
+-- The replay log's fold (replays.py), a batch in one statement: up to
+-- %(batch)s (task, UTC hour) groups of more than one row at or after %(since)s
+-- ('-infinity': the whole log), read in (task, hour) order so that the scan
+-- stops at the batch; of each group, the rows this folder can lock (SKIP
+-- LOCKED: another folder's are its own), the newest kept with their summed count
+-- (an UPDATE, never an INSERT: a cleanup deleting the task meanwhile waits for
+-- these locks and then deletes the kept row too), the others deleted. Returns
+-- the groups folded, the rows removed and the groups found.
+WITH found AS (
+    SELECT task_id, date_trunc('hour', at, 'UTC') AS hour
+      FROM workflows_taskreplay
+     WHERE at >= %(since)s
+     GROUP BY 1, 2
+    HAVING count(*) > 1
+     ORDER BY 1, 2
+     LIMIT %(batch)s
+), locked AS (
+    SELECT r.id, r.task_id, r.count, r.at, found.hour
+      FROM workflows_taskreplay AS r
+      JOIN found ON r.task_id = found.task_id
+                AND r.at >= found.hour AND r.at < found.hour + interval '1 hour'
+       FOR UPDATE OF r SKIP LOCKED
+), ranked AS (
+    SELECT id, row_number() OVER newest AS place, count(*) OVER whole AS members,
+           sum(count) OVER whole AS total
+      FROM locked
+    WINDOW whole AS (PARTITION BY task_id, hour),
+           newest AS (PARTITION BY task_id, hour ORDER BY at DESC, id DESC)
+), kept AS (
+    UPDATE workflows_taskreplay AS r SET count = ranked.total
+      FROM ranked
+     WHERE r.id = ranked.id AND ranked.place = 1 AND ranked.members > 1
+    RETURNING 1
+), removed AS (
+    DELETE FROM workflows_taskreplay AS r
+     USING ranked
+     WHERE r.id = ranked.id AND ranked.place > 1
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM kept), (SELECT count(*) FROM removed), (SELECT count(*) FROM found);
+
 -- name: transition
 -- Persist a transition django-fsm applied in memory: {sets} is its diff (the
 -- columns it changed), written only where the task still carries the token it
