@@ -99,10 +99,14 @@ MUTANTS = (
       FROM ranked JOIN workflows_taskreplay AS r ON r.id = ranked.id
      WHERE ranked.place = 1 AND ranked.members > 1
     RETURNING 1
+), replaced AS (
+    DELETE FROM workflows_taskreplay AS r
+     USING ranked
+     WHERE r.id = ranked.id AND ranked.place = 1 AND ranked.members > 1
 ), removed AS (
     DELETE FROM workflows_taskreplay AS r
      USING ranked
-     WHERE r.id = ranked.id AND ranked.members > 1 AND ranked.place > 0
+     WHERE r.id = ranked.id AND ranked.place > 1
     RETURNING 1
 )"""),),
         ("tests/windows/test_replay_fold_windows.py::"
