@@ -118,8 +118,8 @@ def _numbered(sql: str) -> tuple[str, str, tuple[str, ...]]:
 
 class PostgresStore(OrmStore):
     name = "postgresql"
-    # Replay-log groups per fold, all in one statement: a million-row backlog of
-    # ~33 rows a group folds at ~120 ms a pass (docs/benchmarks.md).
+    # Replay-log groups per fold, all in one statement: with ~33 rows a group,
+    # ~160 ms a pass of the dispatcher's loop (docs/benchmarks.md, make bench-fold).
     fold_batch = 250
 
     def _run(self, query: str, params: dict[str, Any]) -> Any:
