@@ -72,3 +72,34 @@ def test_the_dashboard_needs_view_all_tasks(django_user_model):
     client = Client()
     client.force_login(own_only)
     assert client.get(URL).status_code == 403
+
+
+@pytest.mark.parametrize("skew_seconds", [-3600, 3600])
+def test_the_console_measures_time_by_the_database_clock(operator_client, owner, monkeypatch,
+                                                         skew_seconds):
+    """The web server's clock an hour behind or ahead of the database's (docs/design.md,
+    "Time"): the dashboard lists the task whose lease ran out 30 s ago and not the
+    one with a minute left, and the task list gives ages by the database's clock."""
+    from datetime import timedelta
+
+    from django.db.models.functions import Now
+    from django.utils import timezone
+
+    from workflows.models import Task
+
+    stuck = make_task(owner, state="running", key="stuck-one")
+    healthy = make_task(owner, state="running", key="healthy-one")
+    Task.objects.filter(pk=stuck.pk).update(lease_expires_at=Now() - timedelta(seconds=30))
+    Task.objects.filter(pk=healthy.pk).update(lease_expires_at=Now() + timedelta(seconds=60),
+                                              created_at=Now() - timedelta(seconds=5))
+    real = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real() + timedelta(seconds=skew_seconds))
+
+    html = operator_client.get(URL).content.decode()
+    past_lease = html.split('id="pilot-past-lease"')[1].split("</table>")[0]
+    assert str(stuck.pk)[:8] in past_lease
+    assert str(healthy.pk)[:8] not in past_lease
+
+    listed = operator_client.get("/admin/workflows/task/?q=healthy-one").content.decode()
+    age = re.search(r'<td class="field-age"><span title="created [^"]+">([^<]+)</span>', listed)
+    assert age is not None and age.group(1).endswith(" s"), age and age.group(1)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
-from django.utils import timezone
 
 from workflows.admin import stats
+from workflows.admin.clock import console_now
 from workflows.admin.pictures.chart import SERIES, activity_chart
 from workflows.admin.pictures.svg import STATE_COLORS
 from workflows.admin.workers import work_status
@@ -54,7 +54,7 @@ def dashboard_view(model_admin, request):
         **model_admin.admin_site.each_context(request),
         "opts": model_admin.model._meta,
         "title": "Dashboard",
-        **dashboard_context(timezone.now()),
+        **dashboard_context(console_now()),
     })
 
 
@@ -62,7 +62,7 @@ def workers_view(model_admin, request):
     """Clusters, workers (busy with which task, idle), the broker's queue and
     the tasks waiting for a worker or in backoff."""
     require_view_all(request, "Workers & queue page")
-    now = timezone.now()
+    now = console_now()
     return TemplateResponse(request, "pilot/admin/workers.html", {
         **model_admin.admin_site.each_context(request),
         "opts": model_admin.model._meta,

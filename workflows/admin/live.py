@@ -18,8 +18,8 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
 from django.http import JsonResponse, QueryDict
 from django.template.loader import render_to_string
-from django.utils import timezone
 
+from workflows.admin.clock import console_now
 from workflows.admin.dashboard import dashboard_context, require_view_all
 from workflows.admin.deliveries import can_resend
 from workflows.admin.list_params import list_params_check, problems_text
@@ -95,6 +95,6 @@ def live_view(model_admin, request):
     if render is None:
         return _error(400, f"view must be one of {', '.join(VIEWS)}")
     try:
-        return render(model_admin, request, timezone.now())
+        return render(model_admin, request, console_now())
     except PermissionDenied as exc:
         return _error(403, str(exc))

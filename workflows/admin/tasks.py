@@ -19,6 +19,7 @@ change through the engine instead.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
@@ -28,7 +29,6 @@ from django.db.models import OuterRef, Q, Subquery
 from django.db.models.functions import Substr
 from django.http import HttpResponseRedirect
 from django.urls import path, reverse
-from django.utils import timezone
 from django.utils.html import format_html
 
 from workflows.admin import (
@@ -41,6 +41,7 @@ from workflows.admin import (
     workflows_page,
 )
 from workflows.admin.actions import CANCEL, RETRY, RETRY_FROM_START, actions_available
+from workflows.admin.clock import DB_NOW, console_now
 from workflows.admin.filters import OwnerFilter, WorkflowFilter
 from workflows.admin.list_params import list_params_check, problems_text
 from workflows.admin.task_page import task_page
@@ -59,6 +60,12 @@ ERROR_CHARS = 120
 KEY_CHARS = 28
 
 
+def _now(task: Task) -> datetime:
+    """The database's now as read with the row (the list's queryset), else as
+    read now."""
+    return getattr(task, "pilot_now", None) or console_now()
+
+
 class TaskChangeList(ChangeList):
     """The list's rows: without payload and result (up to 256 KiB each), with
     the head of the error and the running step's name (one subquery per row
@@ -71,7 +78,7 @@ class TaskChangeList(ChangeList):
         return (super().get_queryset(request, exclude_parameters)
                 .defer("payload", "result", "error")
                 .annotate(error_head=Substr("error", 1, ERROR_CHARS + 1),
-                          current_step=Subquery(running_step)))
+                          current_step=Subquery(running_step), pilot_now=DB_NOW))
 
 
 @admin.register(Task)
@@ -166,13 +173,13 @@ class TaskAdmin(admin.ModelAdmin):
     @admin.display(description="age", ordering="created_at")
     def age(self, obj):
         return format_html('<span title="created {}">{}</span>', timestamp(obj.created_at),
-                           duration_text(obj.created_at, timezone.now()))
+                           duration_text(obj.created_at, _now(obj)))
 
     @admin.display(description="duration")
     def duration(self, obj):
         if obj.started_at is None:
             return "–"
-        return duration_text(obj.started_at, obj.finished_at or timezone.now())
+        return duration_text(obj.started_at, obj.finished_at or _now(obj))
 
     @admin.display(description="step / error")
     def step_or_error(self, obj):
@@ -242,14 +249,14 @@ class TaskAdmin(admin.ModelAdmin):
             + urlencode({"view": "list", "params": query}),
             "live_default": live_default,
             "live_key": f"list-{request.GET.get('state__exact', 'all')}",
-            "now": timezone.now(),
+            "now": console_now(),
         })
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         task = self.get_object(request, object_id)
         context = dict(extra_context or {})
         if task is not None:
-            context = {**context, **task_page(task, now=timezone.now())}
+            context = {**context, **task_page(task, now=console_now())}
             context["badge"] = state_badge(task.state)
             context["operator_actions"] = actions_available(task, request.user)
             context["can_resend"] = deliveries.can_resend(request.user)

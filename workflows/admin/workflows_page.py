@@ -9,8 +9,8 @@ from datetime import timedelta
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
 from django.template.response import TemplateResponse
-from django.utils import timezone
 
+from workflows.admin.clock import console_now
 from workflows.admin.pictures.diagram import state_diagram
 from workflows.admin.schema import payload_fields
 from workflows.admin.text import ttl_text
@@ -42,7 +42,7 @@ def workflow_counts(user, now) -> tuple[dict, dict]:
 def workflows_view(model_admin, request):
     if not model_admin.has_view_permission(request):
         raise PermissionDenied("The workflows page needs the permission workflows.view_task")
-    counts, recent = workflow_counts(request.user, timezone.now())
+    counts, recent = workflow_counts(request.user, console_now())
     workflows = []
     for workflow in registry.all():
         described = workflow.describe()
