@@ -41,6 +41,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pilot.settings")
 os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-secret-key-" + "x" * 40)
 os.environ.setdefault("PILOT_LOG_LEVEL", "warning")
 os.environ.setdefault("PILOT_Q_CLUSTER_NAME", "pilot-bench")
+os.environ.setdefault("PILOT_DEMO_WORKFLOWS", "true")  # the load triggers demo.echo
 
 MAX_CALLS_PER_THREAD = 50_000
 
@@ -55,6 +56,21 @@ def ensure_database(url: str) -> None:
     with psycopg.connect(admin, autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
             conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def standalone_database() -> None:
+    """The standalone benches' database: DATABASE_URL, a PostgreSQL database whose
+    name contains "bench", created if missing; Django set up; migrated."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith("postgres"):
+        sys.exit("set DATABASE_URL to a PostgreSQL database whose name contains 'bench'")
+    ensure_database(url)
+
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -108,14 +124,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--baseline-seconds", type=float, default=15.0)
     args = parser.parse_args()
-    url = os.environ.get("DATABASE_URL", "")
-    if not url.startswith("postgres"):
-        sys.exit("set DATABASE_URL to a PostgreSQL database whose name contains 'bench'")
-    ensure_database(url)
-
-    import django
-
-    django.setup()
+    standalone_database()
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
@@ -123,7 +132,6 @@ def main() -> None:
     from workflows.engine.enqueue import broker, uses_orm_broker
     from workflows.models import Task
 
-    call_command("migrate", verbosity=0)
     call_command("createcachetable", verbosity=0)
     call_command("cleanup_tasks", "--older-than", "0s", verbosity=0, stdout=io.StringIO())
     Task.objects.all().delete()

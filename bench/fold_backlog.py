@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -34,12 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pilot.settings")
-os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-secret-key-" + "x" * 40)
-os.environ.setdefault("PILOT_LOG_LEVEL", "warning")
-os.environ.setdefault("PILOT_Q_CLUSTER_NAME", "pilot-bench")
-
-from bench.cleanup_latency import ensure_database  # noqa: E402 - after sys.path
+# The standalone benches' settings (environment defaults) come with it.
+from bench.cleanup_latency import standalone_database  # noqa: E402 - after sys.path
 
 HOURS = 48
 MAX_PASSES = 100_000  # a bound, never reached: a pass folds at least one group
@@ -85,23 +80,14 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=2_000)
     parser.add_argument("--reps", type=int, default=2)
     args = parser.parse_args()
-    url = os.environ.get("DATABASE_URL", "")
-    if not url.startswith("postgres"):
-        sys.exit("set DATABASE_URL to a PostgreSQL database whose name contains 'bench'")
-    ensure_database(url)
-
-    import django
-
-    django.setup()
+    standalone_database()
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
 
     from tests.factories import make_finished_tasks
     from workflows.engine.store.orm import OrmStore
     from workflows.engine.store.postgres import PostgresStore
     from workflows.models import Task, TaskReplay
 
-    call_command("migrate", verbosity=0)
     TaskReplay.objects.all().delete()
     Task.objects.all().delete()
     owner, _ = get_user_model().objects.get_or_create(username="bench")
