@@ -59,8 +59,12 @@ def test_a_duplicate_storm_with_impatient_clients_runs_each_key_once(fleet):
     answers = defaultdict(list)  # key -> [(replayed, task id)] of the answers that arrived
     keys = [f"storm-{i}" for i in range(1000)]
     # Every fourth key is also sent by a second client at the same time: duplicates the
-    # server must answer as replays, on top of the impatient clients' own retries.
-    plan = [(key, [rng.uniform(0.05, 0.5) for _ in range(5)])
+    # server must answer as replays, on top of the impatient clients' own retries. Four
+    # impatient tries, then one that waits, as an upstream backing off does: the
+    # abandoned requests still reach the server, and whatever the machine's speed most
+    # keys get an answer to check (with 0.05-0.5 s for every try, a slow day with a
+    # heavy test on the other pytest worker left 2 keys of 1 000 answered).
+    plan = [(key, [rng.uniform(0.05, 0.5) for _ in range(4)] + [10.0])
             for key in keys + keys[::4]]
     rng.shuffle(plan)
 
@@ -86,10 +90,8 @@ def test_a_duplicate_storm_with_impatient_clients_runs_each_key_once(fleet):
         list(pool.map(lambda item: send(*item), plan))
     wait_until(settled(), 180, interval=0.5, what="every stormed task to finish")
     assert violations(observed) == []
-    # Not vacuous: many keys got an answer within their 5 impatient tries (alone, most
-    # of 1 000; 300 seen with a heavy test beside it on the other pytest worker, its
-    # answers slower than the 0.05-0.5 s patience).
-    assert len(observed.acknowledged) > 200
+    # Not vacuous: most keys got an answer (their last try waits).
+    assert len(observed.acknowledged) > 900
     assert Task.objects.count() <= 1000
     # The duplicates reached the server and were answered as replays of the one task:
     # per key one task id, at most one "created" answer (202, not replayed), every
