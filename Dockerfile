@@ -25,6 +25,10 @@ RUN DJANGO_SECRET_KEY=collectstatic-only-not-a-secret-0123456789abcdefghij \
  && mkdir -p /run/pilot-metrics && chown pilot /run/pilot-metrics
 
 USER pilot
+# Inside a container gunicorn listens on every interface of the container (only
+# its published port reaches it: compose.yaml publishes it on 127.0.0.1); outside
+# one, deploy/gunicorn.conf.py binds 127.0.0.1 unless PILOT_BIND_HOST says otherwise.
+ENV PILOT_BIND_HOST=0.0.0.0
 EXPOSE 8000
 # The web process; compose.yaml runs the same image as `run_workers` and
 # `run_dispatcher`, and `migrate` once before them.

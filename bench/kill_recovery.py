@@ -50,7 +50,7 @@ def main() -> None:
     from workflows.engine.store import store
     from workflows.engine.triggers import TriggerRequest, task_trigger_many
     from workflows.models import Task, TaskTransition
-    from workflows.states import TaskState as S
+    from workflows.rules.states import TaskState as S
 
     call_command("migrate", verbosity=0)
     owner, _ = get_user_model().objects.get_or_create(username="bench-kill-recovery")

@@ -10,8 +10,16 @@ import os
 
 from django.core.exceptions import ImproperlyConfigured
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+from workflows.conf import Setting
+
+
+def _read(name: str, kind: type, default, minimum=None):
+    """The variable's value parsed as `kind` by the rules PILOT's own settings use
+    (workflows/conf.py, Setting.parse), or `default` when it is unset or empty."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return Setting(name, kind, default, "", minimum=minimum).parse(raw)
 
 
 def env_str(name: str, default: str | None = None, *, required: bool = False) -> str | None:
@@ -24,43 +32,17 @@ def env_str(name: str, default: str | None = None, *, required: bool = False) ->
 
 
 def env_bool(name: str, default: bool = False) -> bool:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use true/false)")
+    if os.environ.get(name) == "":
+        return False  # set, to nothing: off (as "false")
+    return _read(name, bool, default)
 
 
 def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
-    if minimum is not None and value < minimum:
-        raise ImproperlyConfigured(f"{name}={value} must be at least {minimum}")
-    return value
+    return _read(name, int, default, minimum)
 
 
 def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ImproperlyConfigured(f"{name}={raw!r} must be a finite number")
-    if minimum is not None and value < minimum:
-        raise ImproperlyConfigured(f"{name}={value} must be at least {minimum}")
-    return value
+    return _read(name, float, default, minimum)
 
 
 def env_list(name: str, default: str) -> list[str]:
@@ -76,6 +58,25 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ImproperlyConfigured(f"{name}={raw!r} must be one of: {', '.join(choices)}")
     return value
+
+
+# What example files and tutorials put where a secret belongs.
+_PLACEHOLDERS = ("change-me", "changeme", "change_me", "django-insecure-", "replace-me",
+                 "your-secret")
+
+
+def refuse_placeholder(name: str, value: str, *, minimum: int) -> None:
+    """ImproperlyConfigured unless `value` looks like a real secret: at least
+    `minimum` characters and no placeholder text (deploy/pilot.env.example's
+    `change-me` must not start a production process)."""
+    lowered = value.lower()
+    if any(p in lowered for p in _PLACEHOLDERS):
+        raise ImproperlyConfigured(
+            f"{name} is a placeholder ({value[:12]}…): set a random value, e.g. "
+            "python -c \"import secrets; print(secrets.token_urlsafe(50))\"")
+    if len(value) < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum} random characters "
+                                   f"(it has {len(value)})")
 
 
 def local_secret_key(path) -> str:

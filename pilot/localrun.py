@@ -112,8 +112,7 @@ class LocalRun:
         return banner.getvalue()
 
     def start(self) -> None:
-        from django.conf import settings
-
+        from workflows.conf import pilot_settings
         from workflows.processes import Child
 
         self.starting = True
@@ -122,7 +121,7 @@ class LocalRun:
         web_env.setdefault("WEB_CONCURRENCY", "2")
         web_env.setdefault("PILOT_WEB_THREADS", "4")
         web_env.setdefault("PILOT_WEB_ACCESS_LOG", "-")
-        web_env.setdefault("PILOT_STOP_SECONDS", f"{settings.PILOT_STOP_SECONDS:g}")
+        web_env.setdefault("PILOT_STOP_SECONDS", f"{pilot_settings.PILOT_STOP_SECONDS:g}")
         self.children.append(Child.start("workers", [py, "manage.py", "run_workers"], cwd=ROOT))
         self.children.append(Child.start("dispatcher", [py, "manage.py", "run_dispatcher"],
                                          cwd=ROOT))
@@ -157,9 +156,9 @@ class LocalRun:
         self.stopping = True
         live = [child for child in self.children if child.alive]
         if live:
-            from django.conf import settings
+            from workflows.conf import pilot_settings
 
-            grace = settings.PILOT_STOP_SECONDS
+            grace = pilot_settings.PILOT_STOP_SECONDS
             started = time.monotonic()
             self.say(f"\n{self.reason}: stopping; waiting for {_names(live)} to stop (at "
                      f"most {grace + 1:g} s; the workers say which tasks they wait for; "

@@ -6,7 +6,7 @@ a production deployment sets `DJANGO_SECRET_KEY`, `DATABASE_URL` (PostgreSQL)
 and usually `REDIS_URL`.
 """
 
-import re
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -20,7 +20,9 @@ from pilot.env import (
     env_list,
     env_str,
     local_secret_key,
+    refuse_placeholder,
 )
+from workflows.conf import settings_from_environment
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -38,9 +40,30 @@ if not _secret:
     # checkout into an ignored file.
     _secret = local_secret_key(env_str("PILOT_LOCAL_SECRET_FILE")
                                or BASE_DIR / ".local-secret-key")
+elif not DEBUG:
+    # A production process does not start on an example's value or a short key
+    # (before, `change-me` from deploy/pilot.env.example started with only a
+    # check --deploy warning): sessions, device cookies and the sealed webhook
+    # secrets (unless PILOT_SECRETS_KEYS) depend on it.
+    refuse_placeholder("DJANGO_SECRET_KEY", _secret, minimum=50)
 SECRET_KEY = _secret
 
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1")
+
+# --- PILOT's settings -------------------------------------------------------------
+# Every PILOT_* setting is declared once, with its type, default, bounds and what
+# it does (workflows/conf.py, SETTINGS); this project reads each from the
+# environment variable of its name, refusing a bad value with the variable's name.
+# PILOT_Q_WORKERS, this project's cluster size, comes first: defaults follow it.
+PILOT_Q_WORKERS = env_int("PILOT_Q_WORKERS", 2, minimum=1)
+_pilot = settings_from_environment(os.environ, workers=PILOT_Q_WORKERS)
+if not DEBUG:
+    for _name, _minimum in (("PILOT_METRICS_TOKEN", 16), ("PILOT_SECRETS_KEYS", 32)):
+        if _pilot[_name]:
+            refuse_placeholder(_name, _pilot[_name], minimum=_minimum)
+globals().update(_pilot)
+PILOT_TRUSTED_PROXIES: int = _pilot["PILOT_TRUSTED_PROXIES"]  # named: read below
+PILOT_Q_CLUSTER_NAME: str = _pilot["PILOT_Q_CLUSTER_NAME"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -146,15 +169,6 @@ AUTHENTICATION_BACKENDS = [
     "workflows.accounts.login_guard.LockoutBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-# See workflows/accounts/login_guard.py and docs/security.md: failures are counted per
-# (username, address), per username across all addresses (slower), per
-# address across usernames, and per (username, device) for browsers that
-# logged in before — those are never locked out by the other three.
-PILOT_LOGIN_MAX_FAILURES = env_int("PILOT_LOGIN_MAX_FAILURES", 5, minimum=1)
-PILOT_LOGIN_MAX_FAILURES_PER_USER = env_int("PILOT_LOGIN_MAX_FAILURES_PER_USER", 20, minimum=1)
-PILOT_LOGIN_MAX_FAILURES_PER_IP = env_int("PILOT_LOGIN_MAX_FAILURES_PER_IP", 50, minimum=1)
-PILOT_LOGIN_LOCKOUT_SECONDS = env_int("PILOT_LOGIN_LOCKOUT_SECONDS", 900, minimum=1)
-PILOT_LOGIN_DEVICE_DAYS = env_int("PILOT_LOGIN_DEVICE_DAYS", 90, minimum=1)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -185,7 +199,6 @@ STORAGES = {
 # reads the client address from X-Forwarded-For. Only set it when the app is
 # reachable solely through those proxies, or clients could forge both headers.
 
-PILOT_TRUSTED_PROXIES = env_int("PILOT_TRUSTED_PROXIES", 0, minimum=0)
 if PILOT_TRUSTED_PROXIES:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", not DEBUG)
@@ -220,78 +233,20 @@ if not SECURE_HSTS_PRELOAD:
 # (workflows/api/docs_views.py), so a host project's REST_FRAMEWORK never
 # changes PILOT's API, nor PILOT's the host's. DRF's defaults for anything else.
 
-# --- PILOT ------------------------------------------------------------------------
-# Every PILOT_* setting has an app-level default (workflows/conf.py); the
-# standalone project reads them from the environment.
+# --- PILOT's project knobs ------------------------------------------------------
+# (PILOT's own settings are read at the top, from workflows/conf.py's declarations.)
 
 # The operator console's look for the whole admin site (its header, index and
 # login pages): this project is PILOT alone. A host project leaves it off.
 PILOT_ADMIN_BRANDING = True
 
-PILOT_LEASE_SECONDS = env_float("PILOT_LEASE_SECONDS", 60.0, minimum=0.5)
-# How often ctx.heartbeat() really writes; it is cheap to call more often.
-PILOT_HEARTBEAT_SECONDS = env_float(
-    "PILOT_HEARTBEAT_SECONDS", min(5.0, PILOT_LEASE_SECONDS / 3), minimum=0.1
-)
-PILOT_DISPATCHER_POLL_SECONDS = env_float("PILOT_DISPATCHER_POLL_SECONDS", 1.0, minimum=0.05)
-# After the task its message named, a worker goes on claiming the next due task from
-# the database (the queue) for up to this long before it takes its next message
-# (docs/design.md, "Execution", the queue); 0: one task per message.
-PILOT_DRAIN_SECONDS = env_float("PILOT_DRAIN_SECONDS", 5.0, minimum=0)
-# The PostgreSQL store prepares its statements once per connection (they cost more to
-# plan than to run). Turn off behind a pooler that does not keep sessions
-# (pgbouncer in transaction mode).
-PILOT_PG_PREPARED = env_bool("PILOT_PG_PREPARED", True)
-# A pending task unclaimed this long is enqueued again (its message may be lost).
-PILOT_REENQUEUE_SECONDS = env_float("PILOT_REENQUEUE_SECONDS", 10.0, minimum=0.5)
-PILOT_Q_WORKERS = env_int("PILOT_Q_WORKERS", 2, minimum=1)
 # How long an idle worker of the ORM broker waits before it asks the queue table
 # again: the bound on an unloaded system's queue lag (the Redis broker blocks on
 # its list instead). 20 cheap indexed reads a second per cluster when idle.
 PILOT_Q_POLL_SECONDS = env_float("PILOT_Q_POLL_SECONDS", 0.05, minimum=0.01)
-# Fair shares (docs/design.md, "Fairness"): at most this many of one client's tasks
-# run at once; the others wait without holding a worker. 0: no cap. Default: one
-# worker fewer than a cluster has, so another client always finds one free.
-PILOT_MAX_RUNNING_PER_CLIENT = env_int("PILOT_MAX_RUNNING_PER_CLIENT",
-                                       max(1, PILOT_Q_WORKERS - 1), minimum=0)
-# The demo.* workflows (docs/design.md, "Demo workflows"): for trying PILOT out and
-# for its tests; `make run` and the test settings turn them on. Off in production.
-PILOT_DEMO_WORKFLOWS = env_bool("PILOT_DEMO_WORKFLOWS", False)
-# Schedules (docs/schedules.md): how often run_scheduler looks for new or changed
-# schedules when none is due sooner, and how late a slot may fire and still count
-# as on time (older slots are "missed" and follow the schedule's policy).
-PILOT_SCHEDULER_POLL_SECONDS = env_float("PILOT_SCHEDULER_POLL_SECONDS", 1.0, minimum=0.05)
-PILOT_SCHEDULE_GRACE_SECONDS = env_float("PILOT_SCHEDULE_GRACE_SECONDS", 60.0, minimum=0)
-# Completion webhooks (docs/webhooks.md). Private, loopback, link-local and other
-# non-public targets are refused (at trigger time and again at each send) unless
-# this is set: for tests and closed networks only.
-PILOT_WEBHOOK_ALLOW_PRIVATE = env_bool("PILOT_WEBHOOK_ALLOW_PRIVATE", False)
-# One delivery attempt (DNS, connect, send, answer) may take this long.
-PILOT_WEBHOOK_TIMEOUT_SECONDS = env_float("PILOT_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1)
-# Retries: exponential backoff with full jitter, the first within this many
-# seconds, doubling, at most PILOT_WEBHOOK_MAX_DELAY_SECONDS apart, given up
-# PILOT_WEBHOOK_GIVE_UP_SECONDS after the task ended (or the operator's re-send).
-PILOT_WEBHOOK_FIRST_RETRY_SECONDS = env_float("PILOT_WEBHOOK_FIRST_RETRY_SECONDS", 2.0,
-                                              minimum=0.01)
-PILOT_WEBHOOK_MAX_DELAY_SECONDS = env_float("PILOT_WEBHOOK_MAX_DELAY_SECONDS", 3600.0,
-                                            minimum=0.01)
-PILOT_WEBHOOK_GIVE_UP_SECONDS = env_float("PILOT_WEBHOOK_GIVE_UP_SECONDS", 86400.0, minimum=1)
-PILOT_MAX_PAYLOAD_BYTES = env_int("PILOT_MAX_PAYLOAD_BYTES", 262144, minimum=2)
-PILOT_TRIGGER_RATE = env_str("PILOT_TRIGGER_RATE", "6000/min")
-# POST /tasks/{id}/cancel and /retry, per client, together (a retry re-runs a workflow).
-PILOT_ACTION_RATE = env_str("PILOT_ACTION_RATE", "600/min")
-for _name, _rate in (("PILOT_TRIGGER_RATE", PILOT_TRIGGER_RATE),
-                     ("PILOT_ACTION_RATE", PILOT_ACTION_RATE)):
-    if not re.fullmatch(r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)", _rate):  # type: ignore[arg-type]  # noqa: E501 - defaults
-        raise ImproperlyConfigured(f"{_name}={_rate!r} must look like 6000/min (s, min, hour, day)")
 # Longest a single django-q2 delivery may run before its worker is killed; the
 # lease and checkpoints make the kill safe, the next attempt resumes.
 PILOT_TASK_TIMEOUT = env_int("PILOT_TASK_TIMEOUT", 1800, minimum=1)
-# How long `run_workers` (and `make run`) let running steps go on after SIGTERM or
-# SIGINT before ending the workers with SIGKILL; a step cut short resumes from its
-# last checkpoint once its lease expires. Keep it below the process manager's own
-# stop timeout (deploy/systemd: TimeoutStopSec=10). See docs/operations.md.
-PILOT_STOP_SECONDS = env_float("PILOT_STOP_SECONDS", 8.0, minimum=1)
 
 # One cache shared by every process on every machine (the rate limits, login
 # lockouts, the metrics' task counts): a table in the main database by default
@@ -316,14 +271,6 @@ else:
 # web process. Cost: each cluster writes one small row every guard cycle (0.5 s).
 CACHES["djangoq"] = {**CACHES["default"], "KEY_PREFIX": "djangoq"}
 
-# Prometheus: `/metrics` wants `Authorization: Bearer <token>` when this is set,
-# and is OPEN TO ANYONE who can reach the port when it is not (docs/security.md).
-PILOT_METRICS_TOKEN = env_str("PILOT_METRICS_TOKEN")
-# /api/v1/schema and /api/v1/docs need the API's authentication (token or
-# session) unless this opens them to anyone.
-PILOT_API_DOCS_PUBLIC = env_bool("PILOT_API_DOCS_PUBLIC", False)
-# How long one read of pilot_tasks{state} is shared between scrapes (0: every scrape).
-PILOT_METRICS_TASKS_TTL = env_int("PILOT_METRICS_TASKS_TTL", 15, minimum=0)
 
 # --- django-q2 ------------------------------------------------------------------
 # Its defaults retry forever and redeliver a still-running task after `retry`
@@ -332,9 +279,6 @@ PILOT_METRICS_TASKS_TTL = env_int("PILOT_METRICS_TASKS_TTL", 15, minimum=0)
 # attempt, failures acknowledged, and no result rows (the Task table is the
 # record). The `pilot.E00x` system checks refuse a configuration that breaks this.
 
-# This project is PILOT alone, so PILOT's cluster is the default one (a host
-# project gives PILOT an ALT_CLUSTERS entry instead: docs/embedding.md).
-PILOT_Q_CLUSTER_NAME = env_str("PILOT_Q_CLUSTER_NAME", "pilot")
 Q_CLUSTER = {
     "name": PILOT_Q_CLUSTER_NAME,
     "workers": PILOT_Q_WORKERS,

@@ -9,9 +9,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from workflows.engine.store import store
-from workflows.fingerprint import fingerprint
 from workflows.models import Task
-from workflows.states import TaskState as S
+from workflows.rules.fingerprint import fingerprint
+from workflows.rules.states import TaskState as S
 
 TTL = timedelta(hours=24)
 
@@ -74,7 +74,7 @@ def make_finished_tasks(owner, n: int, *, finished_ago: timedelta = timedelta(da
     For cleanup tests and benchmarks, where going through transitions one task
     at a time would take minutes."""
     from workflows.models import StepCheckpoint, TaskReplay, TaskTransition
-    from workflows.states import StepState
+    from workflows.rules.states import StepState
 
     assert state in (S.SUCCEEDED, S.FAILED, S.CANCELLED)
     finished = timezone.now() - finished_ago

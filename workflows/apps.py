@@ -10,8 +10,9 @@ class WorkflowsConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         # Imported for their side effects: checks, signals, the schedules' admin.
-        from workflows import checks, qadmin, schedules_admin, webhooks_admin  # noqa: F401
+        from workflows import checks  # noqa: F401
         from workflows.accounts import login_forms, login_guard  # noqa: F401
+        from workflows.admin import django_q, guard, schedules, webhooks  # noqa: F401
         from workflows.engine import schedules_sync_after_migrate
         from workflows.observability import metrics
         from workflows.registry import autodiscover
@@ -20,7 +21,8 @@ class WorkflowsConfig(AppConfig):
         metrics.install()
         # After the admin's autodiscovery (django.contrib.admin is ready first):
         login_forms.install()  # the login form says why the login guard refused
-        qadmin.install()  # django-q2's Schedule admin cannot run arbitrary callables
+        django_q.install()  # django-q2's Schedule admin cannot run arbitrary callables
+        guard.guard_stock_admins()  # no lookup on a password hash, no NUL reaching SQL
         # Schedules declared in code are written when the database is migrated
         # (every deploy), like Django's permissions; see schedule_definitions.
         post_migrate.connect(schedules_sync_after_migrate, sender=self,

@@ -224,3 +224,33 @@ def pilot_webhook_targets(app_configs, **kwargs):
             "to loopback, private and link-local addresses (cloud metadata included).",
             hint="Unset it outside tests and closed networks.", id="pilot.W030")]
     return []
+
+
+@register()
+def pilot_webhook_egress(app_configs, **kwargs):
+    """PILOT_WEBHOOK_PORTS and PILOT_WEBHOOK_PROXY must be readable: a malformed
+    port list refuses every callback URL, a malformed proxy every delivery."""
+    from urllib.parse import urlsplit
+
+    from workflows.webhooks.targets import ports_parse
+
+    problems = []
+    ports = pilot_settings.PILOT_WEBHOOK_PORTS
+    if ports:
+        try:
+            ports_parse(str(ports))
+        except ValueError as exc:
+            problems.append(Error(f"PILOT_WEBHOOK_PORTS={ports!r}: {exc}; every callback URL "
+                                  "would be refused.", hint="e.g. 443,8443 or 80,443,8000-8999",
+                                  id="pilot.E031"))
+    proxy = pilot_settings.PILOT_WEBHOOK_PROXY
+    if proxy:
+        parts = urlsplit(str(proxy))
+        try:
+            valid = parts.scheme == "http" and bool(parts.hostname) and (parts.port or 80) > 0
+        except ValueError:
+            valid = False
+        if not valid:
+            problems.append(Error(f"PILOT_WEBHOOK_PROXY={proxy!r} is not http://host:port; "
+                                  "every delivery would fail.", id="pilot.E032"))
+    return problems

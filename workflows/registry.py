@@ -41,7 +41,8 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError
 
-from workflows.errors import RetryableError, UnknownWorkflow
+from workflows.rules.backoff import RetryPolicy
+from workflows.rules.errors import RetryableError, UnknownWorkflow
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 STEP_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,99}$")
@@ -65,7 +66,7 @@ SCHEDULE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 class Schedule:
     """A schedule declared in code (`define_workflow(..., schedule=...)`).
 
-    `cron`: 5 fields, or 6 with seconds first (workflows.cron); `payload`: the
+    `cron`: 5 fields, or 6 with seconds first (workflows.rules.cron); `payload`: the
     JSON object every run gets; `missed`: skip | run_once | catch_up; `name`:
     defaults to the workflow's name; `owner`: the username the runs belong to
     (default: the `scheduler` user)."""
@@ -91,14 +92,6 @@ class Step:
         """This step as a plan may pick it when, for a payload, there is nothing
         to undo."""
         return dataclasses.replace(self, compensation=None, compensation_atomic=False)
-
-
-@dataclasses.dataclass(frozen=True)
-class RetryPolicy:
-    max_attempts: int
-    initial: float
-    factor: float
-    max_delay: float
 
 
 class Workflow:
@@ -220,7 +213,7 @@ class Workflow:
     def _schedules_from(self, option) -> tuple[Schedule, ...]:
         """The `schedule` option as Schedule specs with names filled in, checked
         without a database (the payload against the workflow happens at sync)."""
-        from workflows.cron import CronInvalid, cron_normalize
+        from workflows.rules.cron import CronInvalid, cron_normalize
 
         if option is None:
             return ()

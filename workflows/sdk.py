@@ -20,16 +20,7 @@ so code that imports them from there keeps working. Testing a workflow is
 `workflows.testing.run_workflow`, kept apart: it is for test code only.
 """
 
-from workflows.engine.context import StepContext
-from workflows.errors import (
-    CancelRequested,
-    LeaseLost,
-    NonRetryableError,
-    RetryableError,
-    StepError,
-    WorkerSignal,
-)
-from workflows.fields import JSONBoolean, JSONInteger, JSONNumber, JSONString
+from workflows.engine import StepContext
 from workflows.registry import (
     DEFAULT_IDEMPOTENCY_TTL,
     RetryPolicy,
@@ -38,6 +29,16 @@ from workflows.registry import (
     Workflow,
     define_workflow,
 )
+from workflows.rules.errors import (
+    CancelRequested,
+    LeaseLost,
+    NonRetryableError,
+    RetryableError,
+    StepError,
+    ValidationFailed,
+    WorkerSignal,
+)
+from workflows.rules.fields import JSONBoolean, JSONInteger, JSONNumber, JSONString
 
 __all__ = [  # noqa: RUF022 - grouped by what an author does with them
     # defining a workflow
@@ -49,6 +50,9 @@ __all__ = [  # noqa: RUF022 - grouped by what an author does with them
     "StepError", "RetryableError", "NonRetryableError",
     # what ctx.heartbeat() / ctx.sleep() raise to stop a step: let them propagate
     "WorkerSignal", "LeaseLost", "CancelRequested",
+    # what a trigger (or `workflows.testing.run_workflow`) raises for a payload
+    # its workflow's serializer refuses
+    "ValidationFailed",
     # payload serializer fields that accept JSON's types only (no "1" for 1)
     "JSONInteger", "JSONNumber", "JSONBoolean", "JSONString",
 ]

@@ -9,10 +9,10 @@ from datetime import UTC, datetime
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from workflows.errors import IdempotencyKeyInvalid, TaskNotFound, ValidationFailed
-from workflows.keys import normalize_key
 from workflows.models import Task
-from workflows.states import TaskState
+from workflows.rules.errors import IdempotencyKeyInvalid, TaskNotFound, ValidationFailed
+from workflows.rules.keys import normalize_key
+from workflows.rules.states import TaskState
 
 LIST_FILTERS = ("state", "workflow", "idempotency_key", "created_after", "created_before")
 LIST_CONTROLS = ("cursor", "page_size")
@@ -122,17 +122,16 @@ def task_counts_by_state(*, timeout_ms: int | None = None) -> dict[str, int]:
     it. With `timeout_ms`, PostgreSQL gives up after that long (raising
     DatabaseError): the metrics scrape passes 2 000 rather than be held on a huge
     table."""
-    from django.db import connection, transaction
     from django.db.models import Count
+
+    from workflows.database import statement_time_limit
 
     rows = Task.objects.order_by().values_list("state").annotate(n=Count("*"))
     counts = dict.fromkeys(TaskState.values, 0)
-    if timeout_ms is None or connection.vendor != "postgresql":
+    if timeout_ms is None:
         counts.update(dict(rows))
         return counts
-    with transaction.atomic():  # SET LOCAL lasts until the end of this transaction
-        with connection.cursor() as cursor:
-            cursor.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
+    with statement_time_limit(timeout_ms):
         counts.update(dict(rows))
     return counts
 
@@ -143,20 +142,16 @@ def task_backlog() -> tuple[int, float | None]:
     whose backoff is over (since it ended). Two aggregates over the partial
     indexes task_pending_enqueued_idx and task_retry_due_idx; on PostgreSQL it
     gives up after 2 s (DatabaseError) rather than hold a scrape."""
-    from django.db import connection, transaction
     from django.db.models import Count, Min
-    from django.utils import timezone
+    from django.db.models.functions import Now
 
-    from workflows.states import TaskState
+    from workflows.database import statement_time_limit
+    from workflows.rules.states import TaskState
 
-    now = timezone.now()
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL statement_timeout = 2000")
+    with statement_time_limit(2000):
         pending = Task.objects.filter(state=TaskState.PENDING).aggregate(
             n=Count("pk"), oldest=Min("enqueued_at"))
-        due = Task.objects.filter(state=TaskState.RETRYING, next_attempt_at__lte=now).aggregate(
+        due = Task.objects.filter(state=TaskState.RETRYING, next_attempt_at__lte=Now()).aggregate(
             n=Count("pk"), oldest=Min("next_attempt_at"))
     oldest = [t for t in (pending["oldest"], due["oldest"]) if t is not None]
     return pending["n"] + due["n"], min(oldest).timestamp() if oldest else None
@@ -170,7 +165,7 @@ def tasks_in_flight(*, worker_ids):
     from django.db.models import OuterRef, Subquery
 
     from workflows.models import StepCheckpoint
-    from workflows.states import LEASED_STATES, StepState
+    from workflows.rules.states import LEASED_STATES, StepState
 
     running_step = StepCheckpoint.objects.filter(
         task=OuterRef("pk"), state=StepState.RUNNING).order_by("-index").values("name")[:1]

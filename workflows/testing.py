@@ -23,7 +23,7 @@ Two things differ from production, both about time and nothing about order:
 - nothing is sent to a broker to be picked up later: the run happens here.
 
 **Crashes.** `crash_at` names one of the engine's fault points
-(`workflows.engine.faults.POINTS`); the worker "dies" there: the exception
+(`workflows.engine.FAULT_POINTS`); the worker "dies" there: the exception
 `SimulatedCrash` escapes everything (only the open transaction rolls back, as
 when a process is killed), then the lease is let run out and a dispatcher pass
 recovers the task, as it would after a real crash, and the run goes on on a
@@ -42,17 +42,21 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 
-from workflows.engine import faults
-from workflows.engine.dispatcher import dispatch_once
-from workflows.engine.runner import task_run
-from workflows.engine.store import store
-from workflows.engine.triggers import task_trigger
+from workflows.engine import (
+    FAULT_POINTS,
+    SimulatedCrash,
+    dispatch_once,
+    fault_armed,
+    fault_point,
+    task_expire_lease,
+    task_run,
+    task_skip_backoff,
+    task_trigger,
+)
 from workflows.models import Task
-from workflows.states import COMPENSATION_STATES, TaskState
 
 __all__ = ["DEFAULT_OWNER", "WorkflowRunStuck", "run_workflow"]
 
@@ -83,25 +87,25 @@ def run_workflow(name: str, payload: dict | None = None, *, key: str | None = No
     `crash_at` / `crash_skip` / `crash_times`: kill the worker at an engine
     fault point (see the module docstring). Raises `WorkflowRunStuck` if the
     task has not finished after `max_deliveries` deliveries."""
-    if crash_at is not None and crash_at not in faults.POINTS:
-        raise ValueError(f"unknown fault point {crash_at!r}; one of: {', '.join(faults.POINTS)}")
+    if crash_at is not None and crash_at not in FAULT_POINTS:
+        raise ValueError(f"unknown fault point {crash_at!r}; one of: {', '.join(FAULT_POINTS)}")
     if owner is None:
         owner, _ = get_user_model().objects.get_or_create(username=DEFAULT_OWNER)
     outcome = task_trigger(owner=owner, workflow=name, payload={} if payload is None else payload,
                            key=key or str(uuid.uuid4()))
     task_id = outcome.task.pk
-    crashes = (faults.armed(crash_at, skip=crash_skip, times=crash_times) if crash_at
+    crashes = (fault_armed(crash_at, skip=crash_skip, times=crash_times) if crash_at
                else contextlib.nullcontext())
     with crashes:
         for _ in range(max_deliveries):
             task = Task.objects.get(pk=task_id)
             if task.is_finished:
                 return task
-            _make_due(task)
+            task_skip_backoff(task_id=task.pk)  # what waits out a backoff is due now
             try:
                 report = task_run(task_id=task_id)
-                faults.fault_point("before_ack")  # where a worker acknowledges its message
-            except faults.SimulatedCrash:
+                fault_point("before_ack")  # where a worker acknowledges its message
+            except SimulatedCrash:
                 _worker_lost(task_id)
                 continue
             if report.outcome in ("error", "interrupted"):
@@ -114,18 +118,10 @@ def run_workflow(name: str, payload: dict | None = None, *, key: str | None = No
                            f"{max_deliveries} deliveries")
 
 
-def _make_due(task: Task) -> None:
-    """Skip a backoff: what waits for its next attempt is due now (database time)."""
-    if task.state in (TaskState.RETRYING, *COMPENSATION_STATES) and task.next_attempt_at:
-        Task.objects.filter(pk=task.pk, state=task.state).update(next_attempt_at=store().db_now())
-
-
 def _worker_lost(task_id) -> None:
     """After a simulated crash: the dead worker's lease runs out, and a
     dispatcher pass does what it does for a dead worker (a running task is
     recovered to retrying, or failed / compensated when no attempt is left; a
     compensation phase is left for the next worker to take over)."""
-    now = store().db_now()
-    Task.objects.filter(pk=task_id, lease_expires_at__isnull=False).update(
-        lease_expires_at=now - timedelta(seconds=1))
+    task_expire_lease(task_id=task_id)
     dispatch_once()

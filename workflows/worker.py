@@ -3,7 +3,7 @@
 from django.db import close_old_connections
 
 from workflows.conf import pilot_settings
-from workflows.engine import delivery_send, faults, task_run
+from workflows.engine import delivery_send, fault_point, task_run
 
 
 def run_task(task_id: str) -> str:
@@ -12,7 +12,7 @@ def run_task(task_id: str) -> str:
     due tasks for up to PILOT_DRAIN_SECONDS. Returns the named task's outcome."""
     close_old_connections()  # a restarted database costs a reconnect, not a failure
     report = task_run(task_id=task_id, drain_seconds=pilot_settings.PILOT_DRAIN_SECONDS)
-    faults.fault_point("before_ack")
+    fault_point("before_ack")
     return report.outcome
 
 

@@ -123,8 +123,8 @@ def long_run(owner):
 
     from django.utils import timezone
 
-    from workflows.fingerprint import fingerprint
     from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition
+    from workflows.rules.fingerprint import fingerprint
 
     start = timezone.now() - timedelta(hours=1)
     payload = {"steps": 50, "seconds": 1}

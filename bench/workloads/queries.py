@@ -113,7 +113,7 @@ def worker_counts(owner, broker_name: str) -> dict:
     backlog (DRAINED runs drained by one call: each success claims the next
     run in the same statement). PREPARE — once per connection and statement,
     not per run — is counted apart."""
-    from workflows.engine.runner import task_run
+    from workflows.engine.run import task_run
     from workflows.engine.triggers import TriggerRequest, task_trigger_many
     from workflows.models import Task
     from workflows.worker import run_task

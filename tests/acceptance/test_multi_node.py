@@ -31,7 +31,7 @@ from tests.support.pgcluster import PgCluster
 from tests.support.procs import ARTIFACTS, ROOT, Fleet, wait_until
 from workflows.engine.triggers import TriggerRequest, task_trigger_many
 from workflows.models import DemoOrder, StepCheckpoint, Task, TaskTransition
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow,
               pytest.mark.django_db(transaction=True)]

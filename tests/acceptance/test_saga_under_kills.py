@@ -21,10 +21,10 @@ from django.db import connections
 from tests.support.procs import Fleet, wait_until
 from workflows.engine.operations import task_cancel
 from workflows.engine.triggers import task_trigger
-from workflows.errors import InvalidTransition
 from workflows.models import DemoLedger, Task, TaskTransition
-from workflows.states import FINISHED_STATES
-from workflows.states import TaskState as S
+from workflows.rules.errors import InvalidTransition
+from workflows.rules.states import FINISHED_STATES
+from workflows.rules.states import TaskState as S
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

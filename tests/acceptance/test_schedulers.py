@@ -18,10 +18,10 @@ from datetime import datetime, timedelta
 import pytest
 
 from tests.support.procs import ROOT, Fleet, wait_until
-from workflows.cron import cron_latest_slots, cron_next
 from workflows.engine.schedule_definitions import schedule_save
 from workflows.engine.schedules import database_now, schedule_key
 from workflows.models import PilotSchedule, Task
+from workflows.rules.cron import cron_latest_slots, cron_next
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -3,7 +3,10 @@ a receiver that fails the first 3 attempts of every delivery and then answers
 204 gets exactly one accepted delivery per terminal state — succeeded, failed,
 succeeded again after a restart, cancelled — across a SIGKILL of the whole
 worker group while a delivery is in flight; every request it got is signed so
-that the documented recipe and the `standardwebhooks` package accept it."""
+that the documented recipe and the `standardwebhooks` package accept it.
+(Its receiver fails on purpose, twelve times in all: the circuit breaker is
+off here — it would pause the endpoint, as tests/engine/test_webhook_slots.py
+proves it does — while the caps keep their production defaults.)"""
 
 import threading
 
@@ -17,7 +20,7 @@ from workflows.accounts import client_webhook_ensure
 from workflows.engine.operations import task_cancel, task_retry
 from workflows.engine.triggers import task_trigger
 from workflows.models import Task, WebhookDelivery
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -27,7 +30,8 @@ TIMEOUT = 3.0  # one attempt; a killed attempt's claim lasts this + 5 s
 @pytest.fixture
 def fleet():
     fleet = Fleet(PILOT_WEBHOOK_ALLOW_PRIVATE="true", PILOT_WEBHOOK_TIMEOUT_SECONDS=TIMEOUT,
-                  PILOT_WEBHOOK_FIRST_RETRY_SECONDS=0.3, PILOT_LOG_LEVEL="warning")
+                  PILOT_WEBHOOK_FIRST_RETRY_SECONDS=0.3, PILOT_WEBHOOK_BREAKER_FAILURES=0,
+                  PILOT_LOG_LEVEL="warning")
     yield fleet
     fleet.stop_all()
 

@@ -7,7 +7,7 @@ import pytest
 from tests.support.procs import Fleet, wait_until
 from workflows.engine.triggers import task_trigger
 from workflows.models import Task
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

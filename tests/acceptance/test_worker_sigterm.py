@@ -20,8 +20,8 @@ from tests.support.procs import Fleet, wait_until
 from workflows.engine.triggers import task_trigger
 from workflows.models import StepCheckpoint, Task, TaskTransition
 from workflows.processes import descendants
-from workflows.states import FINISHED_STATES
-from workflows.states import TaskState as S
+from workflows.rules.states import FINISHED_STATES
+from workflows.rules.states import TaskState as S
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -17,9 +17,9 @@ from workflows.admin.actions import (
 )
 from workflows.engine.operations import task_cancel
 from workflows.engine.triggers import task_trigger
-from workflows.errors import RetryableError
 from workflows.models import Task
-from workflows.states import TaskState as S
+from workflows.rules.errors import RetryableError
+from workflows.rules.states import TaskState as S
 from workflows.worker import run_task
 
 # transaction=True: with the Redis broker an enqueue happens on commit.

@@ -11,7 +11,7 @@ from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
 from tests.admin.conftest import LIST_URL, task_url
 from tests.factories import make_task
 from workflows.models import Task
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 # transaction=True: with the Redis broker an enqueue happens on commit.
 pytestmark = pytest.mark.django_db(transaction=True)

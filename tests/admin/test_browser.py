@@ -31,13 +31,13 @@ from django.utils import timezone
 from tests.admin.conftest import operators_group
 from tests.support.procs import ARTIFACTS, ROOT, Fleet, wait_until
 from workflows.engine.operations import task_cancel
-from workflows.engine.runner import task_run
+from workflows.engine.run import task_run
 from workflows.engine.store.rows import CANCELLED_WHILE_RUNNING
 from workflows.engine.triggers import task_trigger
-from workflows.errors import NonRetryableError
-from workflows.fingerprint import fingerprint
 from workflows.models import Task, TaskTransition
-from workflows.states import TaskState as S
+from workflows.rules.errors import NonRetryableError
+from workflows.rules.fingerprint import fingerprint
+from workflows.rules.states import TaskState as S
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow,
               pytest.mark.django_db(transaction=True)]

@@ -17,7 +17,7 @@ from tests.admin.conftest import LIST_URL, _staff
 from tests.factories import make_task
 from workflows.admin import bulk
 from workflows.models import Task, TaskTransition
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db
 

@@ -13,8 +13,8 @@ from django.test import Client
 from tests.admin.conftest import LIST_URL, task_url
 from tests.factories import make_task
 from workflows.models import StepCheckpoint, Task, TaskTransition
-from workflows.states import StepState
-from workflows.states import TaskState as S
+from workflows.rules.states import StepState
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from tests.factories import make_task
 from workflows.admin.text import duration_text, seconds_text, timestamp, ttl_text
 from workflows.engine.store import store
 from workflows.models import StepCheckpoint, Task
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db
 

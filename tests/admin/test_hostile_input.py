@@ -22,7 +22,7 @@ from tests.admin.conftest import LIST_URL, task_url
 from tests.factories import make_task
 from workflows.admin.list_params import NAMES
 from workflows.models import Task
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from django.test import Client
 
 from tests.admin.conftest import LIST_URL, _staff
 from tests.factories import make_task
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db
 

@@ -13,10 +13,10 @@ from tests.factories import make_task
 from tests.support.helpers import drain, expire_lease
 from workflows.admin import stats
 from workflows.engine.triggers import task_trigger
-from workflows.fingerprint import fingerprint
 from workflows.models import Task, TaskReplay, TaskTransition
+from workflows.rules.fingerprint import fingerprint
+from workflows.rules.states import TaskState as S
 from workflows.selectors import task_counts_by_state
-from workflows.states import TaskState as S
 
 # transaction=True: with the Redis broker an enqueue happens on commit.
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -20,10 +20,10 @@ from tests.factories import make_task
 from workflows.admin.text import timestamp
 from workflows.engine.operations import task_cancel
 from workflows.engine.replays import replays_fold
-from workflows.engine.runner import task_run
+from workflows.engine.run import task_run
 from workflows.engine.triggers import task_trigger
 from workflows.models import StepCheckpoint, Task, TaskReplay
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db
 

@@ -16,9 +16,9 @@ from django.utils import timezone
 
 from tests.admin.conftest import LIST_URL, task_url
 from tests.factories import make_task
-from workflows.fingerprint import fingerprint
 from workflows.models import Task, TaskTransition
-from workflows.states import TaskState as S
+from workflows.rules.fingerprint import fingerprint
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db
 

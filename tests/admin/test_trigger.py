@@ -8,8 +8,8 @@ import pytest
 from tests.admin.conftest import task_url
 from tests.support.helpers import drain, queued_task_ids
 from workflows.models import Task, TaskReplay
-from workflows.states import Source
-from workflows.states import TaskState as S
+from workflows.rules.states import Source
+from workflows.rules.states import TaskState as S
 
 # transaction=True: with the Redis broker an enqueue happens on commit.
 pytestmark = pytest.mark.django_db(transaction=True)

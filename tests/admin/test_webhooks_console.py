@@ -1,11 +1,15 @@
 """Completion webhooks in the console: the task page lists each delivery
-attempt by attempt (an attempt whose sender was lost says so), operators
-re-send through a confirmation (a viewer may not), and a client's default
-endpoint is edited without its secret ever reaching a page."""
+attempt by attempt (an attempt whose sender was lost says so) and what a
+pending one waits for (its endpoint paused, a free slot), operators re-send
+through a confirmation (a viewer may not), and a client's default endpoint is
+edited without its secret ever reaching a page."""
+
+from datetime import timedelta
 
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.db.models import F
+from django.db.models.functions import Now
 from django.test import Client
 
 from tests.admin.conftest import _staff, task_url
@@ -13,9 +17,10 @@ from tests.factories import make_task
 from tests.support.helpers import drain, purge_queue, queued_webhooks
 from tests.webhooks.receiver import Receiver
 from workflows.accounts import client_webhook_ensure
+from workflows.accounts.vault import secret_open
 from workflows.engine.triggers import task_trigger
-from workflows.models import ClientWebhook, WebhookDelivery
-from workflows.states import TaskState as S
+from workflows.models import ClientWebhook, WebhookDelivery, WebhookEndpoint
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -132,7 +137,7 @@ def test_a_clients_default_endpoint_is_edited_and_its_secret_never_shown(owner,
     assert secret not in client.get("/admin/workflows/clientwebhook/").content.decode()
     assert client.post(url, {"url": "http://127.0.0.1:9/b"}).status_code == 302
     hook = ClientWebhook.objects.get(owner=owner)
-    assert (hook.url, hook.secret) == ("http://127.0.0.1:9/b", secret)
+    assert (hook.url, secret_open(hook.secret)) == ("http://127.0.0.1:9/b", secret)
     refused = client.post(url, {"url": "ftp://x.example.com/"})
     assert refused.status_code == 200 and "http:// or https://" in refused.content.decode()
     assert ClientWebhook.objects.get(owner=owner).url == "http://127.0.0.1:9/b"
@@ -146,3 +151,35 @@ def test_a_hostile_delivery_id_is_a_404_never_a_500(owner, resender, delivery_id
     assert resender.get(task_url(task, f"webhook/{delivery_id}/resend/")).status_code == 404
     assert resender.post(task_url(task, f"webhook/{delivery_id}/resend/"),
                          {"reason": "x"}).status_code == 404
+
+
+def webhook_section(client, task) -> str:
+    html = client.get(task_url(task)).content.decode()
+    return html.split('id="pilot-webhooks"')[1].split('id="transitions-group"')[0]
+
+
+def test_a_delivery_to_a_paused_endpoint_says_until_when_and_one_over_a_cap_that_it_waits(
+        owner, looker, settings):
+    """What a pending delivery waits for, where the operator looks: its
+    endpoint paused by the circuit breaker (until when, after how many
+    failures) — or, the pause over and the slot taken, a free slot."""
+    settings.PILOT_WEBHOOK_BREAKER_FAILURES = 2
+    client_webhook_ensure(owner)
+    with Receiver(lambda mid, n: (500, 0)) as receiver:
+        tasks = [task_trigger(owner=owner, key=f"k{i}", workflow="demo.echo", payload={},
+                              callback_url=receiver.url).task for i in range(2)]
+        drain(lambda: WebhookDelivery.objects.filter(attempts=1, claimed_until=None).count()
+              == 2, dispatch=False)
+    endpoint = WebhookEndpoint.objects.get()
+    assert endpoint.paused_until is not None and endpoint.failures == 2
+    section = webhook_section(looker, tasks[0])
+    assert f"endpoint <code>{endpoint.key}</code> paused until" in section
+    assert "after 2 failed attempt(s) in a row" in section and "a re-send goes anyway" in section
+
+    WebhookEndpoint.objects.update(paused_until=Now() - timedelta(seconds=1))  # pause over
+    WebhookDelivery.objects.update(next_attempt_at=Now(), enqueued_at=None)  # due, owed
+    WebhookDelivery.objects.filter(task_id=tasks[1].pk).update(  # the probe, in flight
+        claimed_until=Now() + timedelta(seconds=30))
+    section = webhook_section(looker, tasks[0])
+    assert "paused until" not in section
+    assert "waiting for a free slot" in section

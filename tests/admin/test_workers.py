@@ -23,7 +23,7 @@ from workflows.admin.workers import cluster_stats, queue_state, work_status
 from workflows.engine.enqueue import broker, enqueue_rollback_unsafe
 from workflows.engine.triggers import task_trigger
 from workflows.models import StepCheckpoint, Task
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

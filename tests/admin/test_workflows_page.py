@@ -10,7 +10,7 @@ from tests.factories import make_task, transition_kwargs
 from workflows.admin.pictures.diagram import POSITIONS, state_edges
 from workflows.engine.store import store
 from workflows.models import Task
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db
 

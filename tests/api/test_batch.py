@@ -10,7 +10,7 @@ from tests.api.conftest import assert_problem
 from tests.factories import make_task
 from tests.support.helpers import queued_task_ids
 from workflows.models import Task
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,7 @@ from django.test import Client, override_settings
 
 from tests.api.conftest import assert_problem, trigger
 from tests.factories import make_task
-from workflows.states import TaskState
+from workflows.rules.states import TaskState
 
 pytestmark = pytest.mark.django_db
 

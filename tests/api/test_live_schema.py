@@ -18,7 +18,7 @@ from schemathesis.openapi.checks import JsonSchemaError
 
 from tests.support.procs import Fleet, wait_until
 from workflows.accounts import api_client_create
-from workflows.states import FINISHED_STATES
+from workflows.rules.states import FINISHED_STATES
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow,
               pytest.mark.django_db(transaction=True)]

@@ -19,8 +19,8 @@ from rest_framework.test import APIClient
 
 from tests.api.conftest import client_for
 from tests.factories import make_task
+from workflows.rules.states import TaskState
 from workflows.selectors import LIST_CONTROLS, LIST_FILTERS
-from workflows.states import TaskState
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from workflows.api.serializers import TaskSerializer
 from workflows.engine.triggers import task_trigger
 from workflows.models import Task
 from workflows.representation import task_data
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

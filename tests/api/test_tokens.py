@@ -3,10 +3,13 @@ secret is shown once; DRF's plain-text tokens are converted by the migration
 and keep working."""
 
 import hashlib
+import io
+from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from tests.api.conftest import assert_problem
@@ -41,15 +44,53 @@ def test_a_wrong_secret_behind_a_real_prefix_is_refused():
 
 
 @pytest.mark.django_db
-def test_rotation_revokes_at_once_and_an_inactive_user_is_refused():
+def test_rotation_without_overlap_revokes_at_once_and_an_inactive_user_is_refused():
     user, old = api_client_create("billing")
-    _, new = api_client_create("billing", rotate=True)
+    _, new = api_client_create("billing", rotate=True, overlap=False)
     assert_problem(client(old).get("/api/v1/workflows"), 401, "not_authenticated")
     assert client(new).get("/api/v1/workflows").status_code == 200
     assert api_client_create("billing") == (user, None)  # kept, and never shown again
     user.is_active = False
     user.save()
     assert_problem(client(new).get("/api/v1/workflows"), 401, "not_authenticated")
+
+
+@pytest.mark.django_db
+def test_after_a_rotation_both_tokens_work_until_the_overlap_ends(settings):
+    settings.PILOT_ROTATION_OVERLAP_SECONDS = 3600
+    user, old = api_client_create("billing")
+    _, new = api_client_create("billing", rotate=True)
+    assert client(old).get("/api/v1/workflows").status_code == 200
+    assert client(new).get("/api/v1/workflows").status_code == 200
+    replaced = ApiToken.objects.get(digest=token_digest(old))
+    assert replaced.expires_at is not None
+    assert 3590 < (replaced.expires_at - timezone.now()).total_seconds() <= 3600
+    assert ApiToken.objects.get(digest=token_digest(new)).expires_at is None
+    # A second rotation within the overlap: the newest replaced token overlaps, the oldest goes.
+    _, newest = api_client_create("billing", rotate=True)
+    assert_problem(client(old).get("/api/v1/workflows"), 401, "not_authenticated")
+    assert client(new).get("/api/v1/workflows").status_code == 200
+    assert ApiToken.objects.filter(user=user).count() == 2
+    # The overlap ends: only the newest authenticates, and says why the other does not.
+    ApiToken.objects.filter(digest=token_digest(new)).update(
+        expires_at=timezone.now() - timedelta(seconds=1))
+    r = client(new).get("/api/v1/workflows")
+    assert assert_problem(r, 401, "not_authenticated")["detail"] == "Token expired."
+    assert client(newest).get("/api/v1/workflows").status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_token_issued_with_an_expiry_stops_working_then(settings):
+    from django.core.management import call_command
+
+    call_command("create_api_client", "billing", "--token-expires-days", "2", stdout=io.StringIO())
+    token = ApiToken.objects.get()
+    assert 2 * 86400 - 10 < (token.expires_at - timezone.now()).total_seconds() <= 2 * 86400
+    user, key = api_client_create("billing", rotate=True, overlap=False,
+                                  expires_in=timedelta(seconds=30))
+    assert client(key).get("/api/v1/workflows").status_code == 200
+    ApiToken.objects.filter(user=user).update(expires_at=timezone.now())
+    assert_problem(client(key).get("/api/v1/workflows"), 401, "not_authenticated")
 
 
 @pytest.mark.django_db(transaction=True)

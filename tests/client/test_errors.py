@@ -13,8 +13,8 @@ from pilot_client import ERRORS_BY_CODE, PilotAPIError, error_from_problem
 def server_codes() -> set[str]:
     """Every problem code the server can answer with: its domain errors, the
     codes it gives DRF's and Django's exceptions, and its two fixed ones."""
-    from workflows import errors
     from workflows.api import problems
+    from workflows.rules import errors
 
     domain = {cls.code for _, cls in inspect.getmembers(errors, inspect.isclass)
               if issubclass(cls, errors.PilotError) and cls is not errors.PilotError}

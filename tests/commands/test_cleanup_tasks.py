@@ -16,7 +16,7 @@ from tests.support.helpers import drain, run_at_once
 from workflows.engine.cleanup import tasks_cleanup
 from workflows.engine.triggers import task_trigger
 from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

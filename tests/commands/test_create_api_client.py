@@ -7,6 +7,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 
+from workflows.accounts.vault import secret_open
 from workflows.models import ApiToken
 
 pytestmark = pytest.mark.django_db
@@ -64,7 +65,8 @@ def test_a_new_client_gets_its_signing_secret_printed_once_beside_the_token():
     first = run("billing-service")
     secret = _secret_of(first)
     assert secret.startswith("whsec_")
-    assert ClientWebhook.objects.get(owner__username="billing-service").secret == secret
+    assert secret_open(ClientWebhook.objects.get(owner__username="billing-service").secret) \
+        == secret
     again = run("billing-service")
     assert _secret_of(again).startswith("kept") and "whsec_" not in again
     assert "default webhook endpoint: (none)" in again
@@ -80,7 +82,7 @@ def test_webhook_sets_the_default_endpoint_and_rotate_replaces_the_secret(settin
     assert ClientWebhook.objects.get().url == "http://127.0.0.1:9/hooks"
     rotated = _secret_of(run("billing-service", "--rotate-webhook-secret"))
     assert rotated.startswith("whsec_") and rotated != secret
-    assert ClientWebhook.objects.get().secret == rotated
+    assert secret_open(ClientWebhook.objects.get().secret) == rotated
     run("billing-service", "--webhook", "")
     assert ClientWebhook.objects.get().url == ""
 

@@ -9,8 +9,8 @@ from django.core.management import CommandError, call_command
 from tests.factories import make_task
 from tests.support.helpers import drain, queued_task_ids
 from workflows.models import Task
-from workflows.states import Source
-from workflows.states import TaskState as S
+from workflows.rules.states import Source
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

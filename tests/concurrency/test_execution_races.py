@@ -8,16 +8,16 @@ import pytest
 from django.db import connections, transaction
 from django.utils import timezone
 
+from tests.support import helpers as claims
 from tests.support.helpers import drain, expire_lease, pop_queued, queued_task_ids, run_at_once
-from workflows.engine import claims
-from workflows.engine.dispatcher import WAKE_MESSAGES, dispatch_once
+from workflows.engine.dispatcher import RESENDS_PER_PASS, dispatch_once
 from workflows.engine.leases import Refused
 from workflows.engine.operations import task_cancel
-from workflows.engine.runner import task_run
+from workflows.engine.run import task_run
 from workflows.engine.store import rows, store
 from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
 from workflows.models import DemoOrder, Task, TaskTransition
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -72,8 +72,8 @@ def test_two_dispatchers_never_double_recover_or_double_enqueue(owner, enough_co
         reports = run_at_once(8, lambda i: dispatch_once())
         assert [r for r in reports if isinstance(r, BaseException)] == []
         assert sum(r.recovered for r in reports) == 20
-        # Each pass wakes a few workers for the oldest waiting tasks, never one twice.
-        assert WAKE_MESSAGES <= sum(r.reenqueued for r in reports) <= 20
+        # Each pass re-sends a few of the oldest lost messages, never one twice.
+        assert RESENDS_PER_PASS <= sum(r.reenqueued for r in reports) <= 20
         recovers = TaskTransition.objects.filter(transition="recover")
         assert recovers.count() == 20 and len(set(recovers.values_list("task_id", flat=True))) == 20
         queued = queued_task_ids()

@@ -6,8 +6,8 @@ import pytest
 
 from tests.support.helpers import purge_queue, queued_task_ids, run_at_once
 from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
-from workflows.errors import IdempotencyKeyReused
 from workflows.models import Task, TaskReplay
+from workflows.rules.errors import IdempotencyKeyReused
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -54,26 +54,111 @@ def test_same_key_different_payloads_racing_make_one_task_and_refuse_the_rest(
     assert len(queued_task_ids()) == ROUNDS
 
 
+def _deadlocks() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
 def test_overlapping_batches_racing_do_not_deadlock_or_duplicate(owner, enough_connections):
-    keys = [f"b-{i}" for i in range(300)]
+    """Batches of the same few new keys, sent at once in opposite orders (half the
+    threads forwards, half backwards): inserting in request order, one batch
+    holds the first key the other needs and waits for its last — a lock cycle
+    at almost every round. The trigger inserts and locks in key order, so none
+    ever deadlocks. A deadlock would not show as an error — the trigger runs a
+    transaction that deadlocked again, up to three times — so the test counts
+    them: the trigger's `trigger_retried` events and the database's own counter
+    (review turn 3, test audit N5: the rotations this test once used could not
+    make a cycle, and the mutant that drops the sort survived it)."""
+    from workflows.observability.events import add_listener, remove_listener
 
-    def batch(i):
-        # Each thread sends the keys in its own order, repeated keys included.
-        rotated = keys[i * 7 % len(keys):] + keys[:i * 7 % len(keys)]
-        return task_trigger_many(owner=owner, requests=[
-            TriggerRequest("demo.echo", {"k": k}, k) for k in rotated[:150]])
+    retried = []
 
-    for _ in range(3):
-        Task.objects.all().delete()
-        purge_queue()
-        results = run_at_once(40, batch)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        assert errors == []
-        created = sum(1 for items in results for r in items if r.outcome == "created")
-        tasks = Task.objects.count()
-        assert created == tasks
-        assert len(queued_task_ids()) == tasks
-        assert sum(TaskReplay.objects.values_list("count", flat=True)) == 40 * 150 - tasks
+    def listen(event, fields):
+        if event == "trigger_retried":
+            retried.append(fields)
+
+    add_listener(listen)
+    try:
+        before = _deadlocks()
+        for round_no in range(20):
+            keys = [f"b-{round_no}-{i}" for i in range(4)]
+
+            def batch(i, keys=keys):
+                ordered = keys if i % 2 == 0 else keys[::-1]
+                return task_trigger_many(owner=owner, requests=[
+                    TriggerRequest("demo.echo", {"k": k}, k) for k in ordered + ordered[:1]])
+
+            results = run_at_once(16, batch)
+            assert [r for r in results if isinstance(r, BaseException)] == []
+            created = sum(1 for items in results for r in items if r.outcome == "created")
+            assert created == len(keys) == Task.objects.filter(idempotency_key__in=keys).count()
+        assert len(queued_task_ids()) == 20 * 4
+        assert sum(TaskReplay.objects.values_list("count", flat=True)) == 20 * (16 * 5 - 4)
+    finally:
+        remove_listener(listen)
+    assert retried == []
+    assert _deadlocks() == before
+
+
+@pytest.fixture
+def slow_inserts():
+    """Every insert of a task whose key starts with `slow-` waits 50 ms first (a
+    row trigger on the test database, dropped afterwards): two batch inserts
+    then interleave row by row, as they can under load — the window in which
+    inserting in two orders makes a lock cycle."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            CREATE OR REPLACE FUNCTION pilot_test_slow_insert() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.idempotency_key LIKE 'slow-%' THEN PERFORM pg_sleep(0.05); END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER pilot_test_slow_insert BEFORE INSERT ON workflows_task
+                FOR EACH ROW EXECUTE FUNCTION pilot_test_slow_insert();""")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER pilot_test_slow_insert ON workflows_task; "
+                       "DROP FUNCTION pilot_test_slow_insert();")
+
+
+def test_two_batches_of_the_same_keys_in_opposite_orders_interleaved_do_not_deadlock(
+        owner, slow_inserts):
+    """The deterministic window of the race above: two batches of the same
+    four new keys, one forwards and one backwards, their inserts interleaved
+    row by row. In request order the first holds a key the second needs while
+    waiting for one the second holds: a deadlock every round (the database
+    breaks it, the trigger retries, the client sees nothing). In key order the
+    second waits for the first and goes on."""
+    from workflows.observability.events import add_listener, remove_listener
+
+    retried = []
+
+    def listen(event, fields):
+        if event == "trigger_retried":
+            retried.append(fields)
+
+    add_listener(listen)
+    try:
+        before = _deadlocks()
+        for round_no in range(3):
+            keys = [f"slow-{round_no}-{i}" for i in range(4)]
+            results = run_at_once(2, lambda i, keys=keys: task_trigger_many(
+                owner=owner, requests=[TriggerRequest("demo.echo", {"k": k}, k)
+                                       for k in (keys if i == 0 else keys[::-1])]))
+            assert [r for r in results if isinstance(r, BaseException)] == []
+            assert sorted(r.outcome for items in results for r in items) == (
+                ["created"] * 4 + ["replayed"] * 4)
+    finally:
+        remove_listener(listen)
+    assert retried == []
+    assert _deadlocks() == before
 
 
 # Three more races an engine review tried (they held); kept so they keep holding.

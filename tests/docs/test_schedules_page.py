@@ -27,7 +27,7 @@ def blocks(language: str) -> list[str]:
 @pytest.mark.django_db(transaction=True)
 def test_the_console_session_creates_fires_lists_and_deletes_a_schedule():
     commands = [line[2:] for line in blocks("console")[0].splitlines() if line.startswith("$ ")]
-    assert len(commands) == 4 and commands[1].startswith("timeout -s INT 5 ")
+    assert len(commands) == 4 and commands[1].startswith("timeout -s INT 10 ")
     env = process_env(PILOT_LOG_STREAM="stderr", PILOT_LOG_LEVEL="warning")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     outputs = []

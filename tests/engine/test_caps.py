@@ -19,11 +19,11 @@ from django.test import override_settings
 from tests.support.helpers import pop_queued, run_at_once
 from workflows.engine import caps
 from workflows.engine.dispatcher import dispatch_once
-from workflows.engine.runner import task_run
+from workflows.engine.run import task_run
 from workflows.engine.store import store
 from workflows.engine.triggers import task_trigger
 from workflows.models import Task
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -283,11 +283,12 @@ def test_the_caps_hold_while_runs_fail_retry_compensate_and_are_cancelled(
     """The real runner on six worker threads (each message drains the queue), a
     dispatcher thread, and an operator cancelling at random; steps fail and are
     retried, failures and cancels compensate. A monitor on its own connection
-    never sees a client above 2 running tasks or the limited workflow above 3,
+    never sees a client holding more than 2 tasks (running, or compensating and
+    cancelling under a live lease) or the limited workflow above 3,
     and every task ends with each step's effect recorded at most once per
     attempt."""
     from workflows.engine.operations import task_cancel
-    from workflows.errors import PilotError, RetryableError
+    from workflows.rules.errors import PilotError, RetryableError
 
     effects, lock = [], threading.Lock()
 
@@ -313,9 +314,10 @@ def test_the_caps_hold_while_runs_fail_retry_compensate_and_are_cancelled(
     def monitor():
         try:
             while not stop.is_set():
-                with connection.cursor() as cursor:
+                with connection.cursor() as cursor:  # every task a worker holds
                     cursor.execute("SELECT owner_id, workflow, count(*) FROM workflows_task "
-                                   "WHERE state = 'running' GROUP BY 1, 2")
+                                   "WHERE state = 'running' OR (state IN ('compensating', "
+                                   "'cancelling') AND lease_expires_at > now()) GROUP BY 1, 2")
                     rows = cursor.fetchall()
                 by_owner, limited = {}, 0
                 for owner_id, workflow, n in rows:
@@ -375,3 +377,132 @@ def test_the_caps_hold_while_runs_fail_retry_compensate_and_are_cancelled(
     assert set(ended.values()) <= {S.SUCCEEDED, S.FAILED, S.CANCELLED}
     assert S.SUCCEEDED in set(ended.values()) and effects  # the steps really ran
     assert len({(str(t), a) for t, a in effects}) == len(effects)  # once per attempt
+
+
+# --- undo work counts too (review turn 3, security N5) --------------------------------
+
+def _undoable(temp_workflow):
+    wf = temp_workflow("fair.undoable", max_attempts=1)
+    wf.add_step("a", lambda ctx: 1, compensation=lambda ctx: None)
+    wf.add_step("b", lambda ctx: 2)
+    return wf
+
+
+def _compensating(owner, *, held: bool):
+    """A task of `owner` in its compensation phase, its step `a` to undo: held by
+    a worker (`held`, as the failing worker keeps its lease), or waiting for one
+    (as the dispatcher leaves a poison task)."""
+    from workflows.engine.store import rows
+
+    [task] = trigger(owner, "fair.undoable")
+    with override_settings(PILOT_MAX_RUNNING_PER_CLIENT=0):  # set-up: beside anything held
+        claimed = store().claim(task.pk, worker="failing", lease=LEASE)
+    now = store().db_now()
+    store().write_steps(claimed.lease, [rows.succeeded(0, "a", 1, now, compensable=True)])
+    store().transition(claimed.task, "compensate", at=now, actor="test", error="boom",
+                       error_type="Boom", worker="failing" if held else "",
+                       now=now if held else None, lease=LEASE if held else None)
+    return claimed.task
+
+
+@override_settings(PILOT_MAX_RUNNING_PER_CLIENT=1)
+def test_a_held_compensation_phase_takes_its_clients_slot(owner, other_owner, temp_workflow):
+    _undoable(temp_workflow)
+    _compensating(owner, held=True)
+    mine, theirs = trigger(owner), trigger(other_owner)
+    assert store().claim(mine[0].pk, worker="w", lease=LEASE) is None  # 1 of 1: the undo
+    assert store().claim_next(worker="w", lease=LEASE).task.pk == theirs[0].pk
+
+
+@override_settings(PILOT_MAX_RUNNING_PER_CLIENT=1)
+def test_a_cancelled_running_task_keeps_its_slot_while_its_worker_still_runs(owner):
+    """The cancel of a running task used to free its slot at once, while its
+    worker was still in the step: the client briefly held cap + 1 workers."""
+    from workflows.engine.operations import task_cancel
+
+    first, second = trigger(owner, n=2)
+    assert store().claim(first.pk, worker="w1", lease=LEASE) is not None
+    assert task_cancel(task_id=first.pk, user=owner).state == S.CANCELLING
+    assert store().claim(second.pk, worker="w2", lease=LEASE) is None
+    assert store().claim_next(worker="w2", lease=LEASE) is None
+
+
+@override_settings(PILOT_MAX_RUNNING_PER_CLIENT=1)
+def test_undo_work_waiting_for_a_worker_goes_before_the_clients_new_runs(owner,
+                                                                         temp_workflow):
+    _undoable(temp_workflow)
+    undo = _compensating(owner, held=False)
+    [new] = trigger(owner)
+    assert store().claim(new.pk, worker="w", lease=LEASE) is None  # the slot is the undo's
+    assert store().claim_next(worker="w", lease=LEASE) is None
+    taken = store().resume(undo.pk, worker="w", lease=LEASE)
+    assert taken is not None
+    now = store().db_now()
+    store().transition(taken.task, "fail", at=now, actor="test", error="boom",
+                       error_type="Boom", now=now)
+    assert store().claim(new.pk, worker="w", lease=LEASE) is not None  # now the new run
+
+
+@override_settings(PILOT_MAX_RUNNING_PER_CLIENT=1)
+def test_a_take_over_refused_at_the_cap_is_owed_and_sent_when_the_slot_frees(
+        owner, temp_workflow):
+    _undoable(temp_workflow)
+    [running] = trigger(owner)
+    held = store().claim(running.pk, worker="w1", lease=LEASE)
+    undo = _compensating(owner, held=False)
+    pop_queued()
+    Task.objects.filter(pk=undo.pk).update(enqueued_at=store().db_now())  # a message on its way
+    assert store().resume(undo.pk, worker="w2", lease=LEASE) is None  # 1 of 1 held
+    undo.refresh_from_db()
+    assert (undo.state, undo.enqueued_at, undo.lease_owner) == (S.COMPENSATING, None, "")
+    for _ in range(3):  # no message while no slot is free: no loop of refusals
+        assert dispatch_once().compensations_enqueued == 0
+    assert pop_queued() == []
+    finish(held)
+    assert dispatch_once().compensations_enqueued == 1
+    assert pop_queued() == [str(undo.pk)]
+    assert store().resume(undo.pk, worker="w2", lease=LEASE) is not None
+
+
+@override_settings(PILOT_MAX_RUNNING_PER_CLIENT=1)
+def test_the_worker_whose_own_attempt_was_cancelled_takes_its_phase_over_at_the_cap(
+        owner, temp_workflow):
+    from workflows.engine.operations import task_cancel
+
+    _undoable(temp_workflow)
+    [task] = trigger(owner, "fair.undoable")
+    claimed = store().claim(task.pk, worker="w1", lease=LEASE)
+    task_cancel(task_id=task.pk, user=owner)
+    assert store().resume(task.pk, worker="w1", lease=LEASE,
+                          after_cancel_of=claimed.lease.token) is not None
+
+
+@pytest.mark.postgres
+def test_two_claims_for_a_workflows_last_concurrency_slot_are_decided_one_after_the_other(
+        owner, other_owner, temp_workflow):
+    """Mutant M6 of review turn 3 (the claim's count without the workflow's
+    lock): claim 1 of a `concurrency=1` workflow has counted and claimed, not
+    committed; claim 2, another client's, must wait for it at the workflow's
+    lock and then see it. Without the lock both ran."""
+    limited = temp_workflow("fair.one_at_a_time", concurrency=1)
+    limited.add_step("s", lambda ctx: None)
+    [mine], [theirs] = trigger(owner, limited.name), trigger(other_owner, limited.name)
+    release, first_claimed = threading.Event(), threading.Event()
+
+    def first():
+        with transaction.atomic():
+            claimed = store().claim(mine.pk, worker="w1", lease=LEASE)
+            first_claimed.set()
+            release.wait(10)
+            return claimed
+
+    box1, done1 = in_thread(first)
+    assert first_claimed.wait(10)
+    box2, done2 = in_thread(lambda: store().claim(theirs.pk, worker="w2", lease=LEASE))
+    wait_for(lambda: advisory_waiters() == 1, "the second claim to wait on the workflow's lock")
+    assert not done2.is_set()
+    release.set()
+    assert done1.wait(10) and done2.wait(10)
+    assert box1.get("value") is not None and "error" not in box1
+    assert "error" not in box2 and box2["value"] is None
+    assert Task.objects.filter(workflow=limited.name, state=S.RUNNING).count() == 1

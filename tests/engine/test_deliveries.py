@@ -6,18 +6,29 @@ message or a sender is lost, given up after its window, re-sendable."""
 
 import random
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
+from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 from pilot_client import verify_webhook
 from standardwebhooks import Webhook
 
-from tests.support.helpers import drain, in_thread, pop_queued, purge_queue, queued_webhooks
+from tests.support.helpers import (
+    background,
+    drain,
+    in_thread,
+    pop_queued,
+    pop_queued_messages,
+    purge_queue,
+    queued_webhooks,
+    row_lock_waiters,
+    wait_for,
+)
 from tests.webhooks.receiver import Receiver
 from workflows.accounts import client_webhook_ensure
-from workflows.backoff import backoff_ceiling
+from workflows.engine.cleanup import tasks_cleanup
 from workflows.engine.deliveries import (
     deliveries_enqueue_due,
     delivery_resend,
@@ -28,9 +39,10 @@ from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.operations import task_retry
 from workflows.engine.store import store
 from workflows.engine.triggers import task_trigger
-from workflows.errors import InvalidTransition, PermissionDenied, TaskNotFound
 from workflows.models import ClientWebhook, Task, WebhookDelivery
 from workflows.representation import task_data
+from workflows.rules.backoff import backoff_ceiling
+from workflows.rules.errors import InvalidTransition, PermissionDenied, TaskNotFound
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -349,7 +361,6 @@ def test_a_message_for_something_that_is_not_a_delivery_is_skipped():
 
 
 def _run_statements(owner, callback_url) -> int:
-    from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     from workflows.worker import run_task
@@ -369,7 +380,6 @@ def test_the_worker_hot_path_costs_no_statement_more_without_an_endpoint(owner, 
     bounds for a task without an endpoint; with one, the outbox row rides in
     the ending's statement on PostgreSQL and only the queue message (ORM broker)
     costs statements of its own."""
-    from django.db import connection
 
     from workflows.engine.enqueue import uses_orm_broker
 
@@ -380,3 +390,269 @@ def test_the_worker_hot_path_costs_no_statement_more_without_an_endpoint(owner, 
     assert plain <= (5 if postgres else 22)
     queue = 3 if uses_orm_broker() else 0  # BEGIN, INSERT django_q_ormq, COMMIT
     assert with_endpoint - plain == (queue if postgres else queue + 1)
+
+
+# --- a delivery outlives its task -----------------------------------------------------------
+
+def _run_tasks_only() -> list[str]:
+    """Run the queued task messages; return the webhook messages, unsent."""
+    from workflows.worker import run_task
+
+    webhooks: list[str] = []
+    while messages := pop_queued_messages():
+        for func, arg in messages:
+            if func.endswith("run_task"):
+                run_task(arg)
+            else:
+                webhooks.append(arg)
+    return webhooks
+
+
+def test_a_delivery_outlives_its_task_deleted_by_a_re_trigger_of_its_expired_key(
+        owner, secret, temp_workflow):
+    """TTL 0: the task ends, its webhook is on its way, the next trigger with
+    the key makes a new task at once — and the first run's ending is still
+    announced, with the body it ended with (steps included, though they are
+    gone with the task)."""
+    workflow = temp_workflow("t.ttl0", idempotency_ttl=0)
+    workflow.add_step("only", lambda ctx: "done")
+    with Receiver() as receiver:
+        first = trigger(owner, receiver, workflow="t.ttl0")
+        [message] = _run_tasks_only()
+        assert message == f"{first.pk}:succeeded:0" and delivery_of(first).body is None
+        again = task_trigger(owner=owner, key="k", workflow="t.ttl0", payload={"n": 1},
+                             callback_url=receiver.url)
+        assert again.outcome == "created" and again.task.pk != first.pk  # the key is free
+        assert not Task.objects.filter(pk=first.pk).exists()
+        d = delivery_of(first)
+        assert (d.state, d.owner_id) == ("pending", owner.pk)
+        assert d.detached_at is not None and d.body is not None  # fixed before the task went
+        assert delivery_send(message_id=message).outcome == "delivered"
+    [got] = receiver.received
+    assert got.message_id == message
+    body = Webhook(secret).verify(got.body, got.headers)
+    assert (body["id"], body["state"]) == (str(first.pk), "succeeded")
+    assert [(s["name"], s["output"]) for s in body["steps"]] == [("only", "done")]
+    assert got.headers["traceparent"].split("-")[1] == first.trace_id
+    assert list(WebhookDelivery.objects.filter(task_id=again.task.pk)) == []  # not yet ended
+
+
+def test_cleanup_leaves_a_delivery_still_being_retried_and_removes_it_once_it_ended(
+        owner, secret, temp_workflow, settings):
+    """The key's 60 s are long over, the webhook has 23 hours of retries left:
+    cleanup deletes the task, not the delivery; the next attempt delivers it;
+    the next cleanup removes it."""
+    # A backoff drawn from [0, 1 h): the sender that recorded the failure must not
+    # find it due already and hand it its message (full jitter may draw ~0 s).
+    settings.PILOT_WEBHOOK_FIRST_RETRY_SECONDS = 3600
+    workflow = temp_workflow("t.ttl60", idempotency_ttl=60)
+    workflow.add_step("only", lambda ctx: "done")
+    with Receiver(lambda mid, n: (503, 0) if n == 1 else (204, 0)) as receiver:
+        task = trigger(owner, receiver, workflow="t.ttl60")
+        [message] = _run_tasks_only()
+        assert delivery_send(message_id=message).outcome == "retrying"
+        Task.objects.filter(pk=task.pk).update(expires_at=F("expires_at") - timedelta(hours=1))
+        report = tasks_cleanup()
+        assert (report.tasks, report.deliveries) == (1, 0)
+        assert not Task.objects.filter(pk=task.pk).exists()
+        d = delivery_of(task)
+        assert (d.state, d.attempts) == ("pending", 1) and d.detached_at is not None
+        assert d.give_up_at - d.created_at == timedelta(hours=24)  # its window is its own
+        WebhookDelivery.objects.filter(pk=d.pk).update(next_attempt_at=Now())  # backoff over
+        assert dispatch_once().deliveries_enqueued == 1
+        drain(delivered(task))
+    assert [r.status for r in receiver.of(message)] == [503, 204]
+    assert tasks_cleanup().deliveries == 1
+    assert not WebhookDelivery.objects.exists()
+
+
+def test_cleanup_removes_ended_deliveries_of_deleted_tasks_in_batches_never_a_pending_one(
+        owner, secret, temp_workflow):
+    from workflows.engine.delivery_retention import deliveries_prune
+
+    workflow = temp_workflow("t.ttl0b", idempotency_ttl=0)
+    workflow.add_step("only", lambda ctx: "done")
+    with Receiver() as receiver:
+        tasks = [trigger(owner, receiver, key=f"k{i}", workflow="t.ttl0b") for i in range(6)]
+        _run_tasks_only()
+    assert tasks_cleanup().tasks == 6
+    assert WebhookDelivery.objects.filter(detached_at__isnull=False).count() == 6
+    WebhookDelivery.objects.filter(task_id__in=[t.pk for t in tasks[:5]]).update(
+        state="delivered")
+    assert deliveries_prune(batch_size=2, dry_run=True) == 5
+    assert deliveries_prune(batch_size=2) == 5
+    assert list(WebhookDelivery.objects.values_list("task_id", "state")) == [
+        (tasks[5].pk, "pending")]
+
+
+@pytest.mark.postgres
+def test_a_sender_waiting_on_the_task_a_cleanup_deletes_sends_the_body_fixed_before(
+        owner, secret):
+    """The lock order, task then delivery, across the task's deletion: the
+    sender waits at the task's row lock while cleanup's batch deletes the
+    task; it then finds no task, locks the delivery and sends the body cleanup
+    fixed from the task and its steps."""
+    import threading
+
+    from workflows.engine.cleanup import tasks_delete
+
+    with Receiver() as receiver:
+        task = trigger(owner, receiver)
+        [message] = _run_tasks_only()
+        held, release = threading.Event(), threading.Event()
+
+        def cleanup_batch():
+            with transaction.atomic():
+                list(Task.objects.select_for_update().filter(pk=task.pk))
+                assert tasks_delete([task.pk]) == 1
+                held.set()
+                assert release.wait(10)
+
+        batch = background(cleanup_batch)
+        assert held.wait(10)
+        sender = background(lambda: delivery_send(message_id=message))
+        wait_for(lambda: row_lock_waiters() == 1, what="the sender to wait at the task's lock")
+        assert not sender.done.is_set()
+        release.set()
+        assert batch.result() is None
+        assert sender.result().outcome == "delivered"
+    [got] = receiver.received
+    body = Webhook(secret).verify(got.body, got.headers)
+    assert body["id"] == str(task.pk) and body["result"] == {"echo": {"n": 1}}
+    assert [s["name"] for s in body["steps"]] == ["echo"]
+
+
+# --- the operator's re-send is a new version -------------------------------------------------
+
+def test_a_resend_moves_the_claim_on_so_a_stale_senders_late_outcome_is_refused(
+        owner, secret, django_user_model, monkeypatch):
+    """Sender A claimed, then stalled past its claim; the operator re-sends; A
+    comes back with its receiver's 503 computed against the old window: it is
+    refused (claim_lost), and the re-send's message sends."""
+    from workflows.engine import deliveries
+    from workflows.webhooks.http import Answer
+
+    monkeypatch.setattr(deliveries, "backoff_delay", lambda policy, n: 2.0)  # its ceiling
+    operator = django_user_model.objects.create_superuser("op", "op@x", "pw-op-123456")
+    with Receiver() as receiver:
+        task = trigger(owner, receiver)
+        [message] = _run_tasks_only()
+        d = delivery_of(task)
+        WebhookDelivery.objects.filter(pk=d.pk).update(give_up_at=Now() + timedelta(seconds=1))
+        stale = deliveries._claim(message, "slow-worker")
+        assert stale is not None and stale.token == 1
+        WebhookDelivery.objects.filter(pk=d.pk).update(claimed_until=Now() - timedelta(seconds=1))
+        again = delivery_resend(delivery_id=d.pk, user=operator, reason="retry it")
+        assert (again.state, again.claim_token) == ("pending", 2)
+        assert again.give_up_at > stale.delivery.give_up_at
+        assert deliveries._record(stale, Answer(503, "HTTP 503", 1.0)) == "claim_lost"
+        d.refresh_from_db()
+        assert (d.state, d.give_up_at, d.last_status) == ("pending", again.give_up_at, None)
+        assert queued_webhooks() == [message]  # the re-send's message
+        assert delivery_send(message_id=message).outcome == "delivered"
+    assert len(receiver.received) == 1
+    d.refresh_from_db()
+    assert (d.state, d.attempts, d.claim_token) == ("delivered", 2, 3)
+    assert [e["n"] for e in d.attempt_log] == [2]
+
+
+# --- the held-open race of two senders (mutant webhook-claim-without-row-locks) ------------
+
+@pytest.mark.postgres
+def test_a_second_sender_waits_at_the_row_locks_then_finds_the_attempt_claimed(
+        owner, secret, settings):
+    """Claim 1 holds its transaction open after claiming; claim 2 must wait
+    for it at the task's and delivery's row locks and then see the live claim.
+    Without the locks it would read the delivery unclaimed and claim it too.
+    (The caps are off: their locks would serialise the two claims anyway.)"""
+    import threading
+
+    from workflows.engine.deliveries import _claim
+
+    settings.PILOT_WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT = 0
+    settings.PILOT_WEBHOOK_MAX_IN_FLIGHT_PER_ENDPOINT = 0
+    settings.PILOT_WEBHOOK_BREAKER_FAILURES = 0
+    with Receiver() as receiver:
+        task = trigger(owner, receiver)
+        [message] = _run_tasks_only()
+    held, release = threading.Event(), threading.Event()
+
+    def first():
+        with transaction.atomic():
+            claim = _claim(message, "w1")
+            held.set()
+            assert release.wait(10)
+            return claim
+
+    one = background(first)
+    assert held.wait(10)
+    two = background(lambda: _claim(message, "w2"))
+    wait_for(lambda: row_lock_waiters() == 1, what="the second claim to wait at a row lock")
+    assert not two.done.is_set()
+    release.set()
+    assert one.result() is not None
+    assert two.result() is None
+    d = delivery_of(task)
+    assert (d.attempts, d.claim_token, d.claimed_by) == (1, 1, "w1")
+
+
+# --- one deadline per attempt, inside its claim --------------------------------------------
+
+def test_an_attempt_ends_inside_its_claim_even_when_dns_takes_longer_than_the_claim(
+        owner, secret, settings):
+    """A lookup of 8 s under a 1 s timeout: before, it ran before the deadline
+    started and outlived the claim (1 s + 5 s margin), so the dispatcher could
+    give a live attempt to a second sender. Now the attempt ends at its
+    deadline, and its record lands well inside its claim."""
+    from tests.support.slow_dns import slow_dns
+
+    settings.PILOT_WEBHOOK_TIMEOUT_SECONDS = 1.0
+    with Receiver() as receiver, slow_dns("slow.test", 8.0) as lookups:
+        port = receiver.url.split(":")[2].split("/")[0]
+        task = task_trigger(owner=owner, key="dns", workflow="demo.echo", payload={},
+                            callback_url=f"http://hooks.slow.test:{port}/hooks").task
+        [message] = _run_tasks_only()
+        assert delivery_send(message_id=message).outcome == "retrying"
+    assert lookups[-1] == ("hooks.slow.test", 8.0)
+    d = delivery_of(task)
+    [entry] = d.attempt_log
+    assert "the DNS lookup of hooks.slow.test did not finish" in entry["error"]
+    assert entry["ms"] < 1500
+    recorded = datetime.fromisoformat(entry["at"])
+    assert recorded - d.last_attempt_at < timedelta(seconds=1.5)  # claim: 1 s + 5 s margin
+    assert receiver.received == []
+
+
+# --- migration 0018 -----------------------------------------------------------------------------
+
+def test_the_migration_gives_existing_deliveries_their_owner_traceparent_and_endpoint(owner):
+    """Migration 0017 on rows written before it: each delivery gets its task's
+    owner and traceparent, a pending one its endpoint; and the task no longer
+    holds them (deleting it leaves them)."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    before_0017 = ("workflows", "0016_task_idempotency_ttl")
+    executor = MigrationExecutor(connection)
+    executor.migrate([before_0017])
+    try:
+        old = executor.loader.project_state(before_0017).apps
+        task = old.get_model("workflows", "Task").objects.create(
+            owner_id=owner.pk, idempotency_key="old", workflow="demo.echo", payload={},
+            fingerprint="f", max_attempts=1, state="failed", callback_url="https://a.example/h",
+            traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        for ended, state, url in (("failed", "pending", "https://A.example:8443/h"),
+                                  ("succeeded", "delivered", "http://b.example/h")):
+            old.get_model("workflows", "WebhookDelivery").objects.create(
+                task_id=task.pk, task_state=ended, restarts=0, url=url, state=state,
+                next_attempt_at=task.created_at, give_up_at=task.created_at)
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    rows = list(WebhookDelivery.objects.order_by("state").values_list(
+        "state", "owner_id", "traceparent", "endpoint", "detached_at"))
+    assert rows == [
+        ("delivered", owner.pk, task.traceparent, "", None),
+        ("pending", owner.pk, task.traceparent, "a.example:8443", None)]
+    Task.objects.filter(pk=task.pk)._raw_delete(Task.objects.db)
+    assert WebhookDelivery.objects.count() == 2

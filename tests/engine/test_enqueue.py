@@ -37,7 +37,7 @@ from workflows.engine import enqueue
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.triggers import task_trigger
 from workflows.models import Task
-from workflows.states import TaskState
+from workflows.rules.states import TaskState
 
 
 def _async_task_message(task_id: str) -> dict:
@@ -75,6 +75,30 @@ def test_a_hand_built_message_is_what_async_task_writes(owner):
     assert type(ours["id"]) is type(decoded_theirs["id"]) and len(ours["id"]) == 32
     assert type(ours["started"]) is type(decoded_theirs["started"])
     assert queued_task_ids() == [str(task.pk)]
+    purge_queue()
+
+
+@pytest.mark.skipif(not enqueue.uses_orm_broker(), reason="the ORM broker's visibility rule")
+@pytest.mark.django_db
+@pytest.mark.parametrize("sender_ahead", [60, -60])
+def test_an_orm_broker_message_is_visible_at_once_whatever_the_machines_clocks(
+        owner, monkeypatch, sender_ahead):
+    """Review turn 3, F10: django-q2 dequeues rows whose `lock` is before the
+    worker's clock; stamped with the sender's, a web node a minute ahead hid
+    its messages from correct workers for a minute."""
+    from django_q.models import OrmQ
+
+    purge_queue()
+    task = make_task(owner)
+    real = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real() + timedelta(seconds=sender_ahead))
+    enqueue.enqueue_rollback_unsafe([task.pk])  # sent from the skewed node
+    monkeypatch.setattr(timezone, "now", lambda: real() - timedelta(seconds=sender_ahead))
+    worker = enqueue.broker()
+    assert worker.queue_size() == 1  # a worker on the other side of the skew sees it
+    [(_, package)] = worker.dequeue()
+    assert SignedPackage.loads(package)["args"] == (str(task.pk),)
+    assert OrmQ.objects.using(Conf.ORM).get().lock > real()  # now held: in flight
     purge_queue()
 
 

@@ -9,14 +9,14 @@ from django.contrib.auth.models import Permission
 from tests.support.helpers import drain, pop_queued, queued_task_ids
 from workflows.engine.operations import task_cancel, task_retry
 from workflows.engine.triggers import task_trigger
-from workflows.errors import (
+from workflows.models import StepCheckpoint, Task, TaskTransition
+from workflows.rules.errors import (
     InvalidTransition,
     PermissionDenied,
     RetryableError,
     TaskNotFound,
 )
-from workflows.models import StepCheckpoint, Task, TaskTransition
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 from workflows.worker import run_task
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,13 +7,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tests.support.helpers import drain, expire_lease, pop_queued
-from workflows.engine.claims import task_claim
+from tests.support.helpers import drain, expire_lease, pop_queued, task_claim
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.triggers import task_trigger
-from workflows.errors import NonRetryableError, RetryableError
 from workflows.models import DemoOrder, StepCheckpoint, Task, TaskTransition
-from workflows.states import TaskState as S
+from workflows.rules.errors import NonRetryableError, RetryableError
+from workflows.rules.states import TaskState as S
 from workflows.worker import run_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -281,7 +280,7 @@ def test_the_step_context_carries_the_stable_step_key_and_progress(start, temp_w
 def test_a_worker_drains_the_due_tasks_after_the_one_its_message_named(start, settings):
     """The database is the queue: one message keeps a worker going while work is
     due, in due order; messages only wake workers up."""
-    from workflows.engine.runner import tasks_drain
+    from workflows.engine.run import tasks_drain
 
     tasks = [start("demo.echo", {"n": n}) for n in range(5)]
     messages = pop_queued()

@@ -16,9 +16,9 @@ from workflows.engine.schedule_definitions import (
     schedules_sync_declared,
 )
 from workflows.engine.schedules import schedules_fire_due
-from workflows.errors import ValidationFailed
 from workflows.models import PilotSchedule, Task
 from workflows.registry import Schedule
+from workflows.rules.errors import ValidationFailed
 
 pytestmark = pytest.mark.django_db
 

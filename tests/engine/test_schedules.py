@@ -21,7 +21,7 @@ from workflows.engine.schedules import (
     slots_to_fire,
 )
 from workflows.models import PilotSchedule, Task
-from workflows.states import Source
+from workflows.rules.states import Source
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,8 @@ from django.utils import timezone
 from tests.factories import make_task
 from tests.support.helpers import queued_task_ids
 from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
-from workflows.errors import (
+from workflows.models import Task, TaskReplay, TaskTransition
+from workflows.rules.errors import (
     IdempotencyKeyInvalid,
     IdempotencyKeyMissing,
     IdempotencyKeyReused,
@@ -21,8 +22,7 @@ from workflows.errors import (
     UnknownWorkflow,
     ValidationFailed,
 )
-from workflows.models import Task, TaskReplay, TaskTransition
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db
 
@@ -376,3 +376,33 @@ def test_on_postgresql_a_new_key_and_a_replay_are_one_statement_each(owner):
     with pytest.raises(IdempotencyKeyReused):
         task_trigger(owner=owner, key="one", workflow="demo.echo", payload={"a": 2})
     assert TaskReplay.objects.filter(task_id=created.task.pk).count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_one_statement_replay_takes_exactly_the_replayable_states(owner):
+    """The fast path's list of states it replays (queries.sql create_or_replay)
+    is REPLAYABLE_STATES, the general path's: a state only the SQL replays would
+    replay what the engine restarts or refuses; a state only Python replays costs
+    a second round trip. Every state, a re-trigger of the same request."""
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.factories import PATHS
+    from workflows.rules.states import REPLAYABLE_STATES
+
+    assert set(PATHS) == set(S), "a state the factories cannot make"
+    task_trigger(owner=owner, key="warm", workflow="demo.echo", payload={"n": 1})
+    for state in S:
+        task = make_task(owner, state=state, key=f"every-{state}")
+        with CaptureQueriesContext(connection) as seen:
+            try:
+                outcome = task_trigger(owner=owner, key=task.idempotency_key,
+                                       workflow="demo.echo", payload={"n": 1}).outcome
+            except (IdempotencyKeyReused, TaskCancelled) as refused:
+                outcome = type(refused).__name__
+        statements = [q["sql"] for q in seen.captured_queries
+                      if not q["sql"].startswith("PREPARE")]
+        if state in REPLAYABLE_STATES:
+            assert (outcome, len(statements)) == ("replayed", 1), (state, outcome, statements)
+        else:
+            assert outcome != "replayed", state

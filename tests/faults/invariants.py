@@ -38,8 +38,8 @@ from django.db.models import Count
 
 from workflows.engine.store import store
 from workflows.models import DemoLedger, DemoOrder, StepCheckpoint, Task, TaskTransition
-from workflows.states import FINISHED_STATES
-from workflows.states import TaskState as S
+from workflows.rules.states import FINISHED_STATES
+from workflows.rules.states import TaskState as S
 
 # Every edge of the state machine (docs/design.md), as (transition, from, to).
 LEGAL_EDGES = {

@@ -28,7 +28,10 @@ After every rule, invariants the database does not enforce by itself:
 
 The step count and example budget are set so that CI's PostgreSQL pass runs
 at least 2 000 examples, in four seeded parts that `make test` runs side by side
-(PILOT_MODEL_EXAMPLES overrides the total, e.g. for a long soak).
+(PILOT_MODEL_EXAMPLES overrides the total, e.g. for a long soak). The seed comes
+from the commit under test, so every commit explores programs of its own (it is
+printed; PILOT_MODEL_SEED replays it), and every kind of fault must be seen
+landing in the run — a rule that stopped reaching its window fails the test.
 """
 
 from __future__ import annotations
@@ -54,19 +57,14 @@ from hypothesis.stateful import (
 from hypothesis.strategies import booleans, integers, sampled_from
 
 from tests.faults.invariants import violations
+from tests.faults.seeds import landed_over_the_run, model_seed
 from workflows.accounts import client_webhook_ensure
 from workflows.engine import faults
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.operations import task_cancel, task_retry
-from workflows.engine.runner import Run
+from workflows.engine.run import Run
+from workflows.engine.run.outcomes import MISSING
 from workflows.engine.triggers import task_trigger
-from workflows.errors import (
-    IdempotencyKeyReused,
-    InvalidTransition,
-    NonRetryableError,
-    RetryableError,
-    TaskCancelled,
-)
 from workflows.models import (
     DemoLedger,
     StepCheckpoint,
@@ -76,8 +74,15 @@ from workflows.models import (
     WebhookDelivery,
 )
 from workflows.registry import registry
-from workflows.states import FINISHED_STATES, TO_COMPENSATE, StepState
-from workflows.states import TaskState as S
+from workflows.rules.errors import (
+    IdempotencyKeyReused,
+    InvalidTransition,
+    NonRetryableError,
+    RetryableError,
+    TaskCancelled,
+)
+from workflows.rules.states import FINISHED_STATES, TO_COMPENSATE, StepState
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db
 
@@ -92,6 +97,7 @@ BEHAVIOURS = ("ok", "retryable", "fatal")
 MODE = {"c": "ok", "undo_b": "ok"}
 EFFECTS: Counter = Counter()
 OWNER: list = []  # the owner of every example's task, set by the test
+LANDED: Counter = Counter()  # faults and windows reached over the whole run
 
 
 def _ledger(ctx, action):
@@ -189,7 +195,11 @@ def _effects_match(cps, ledger, entries, baseline) -> None:
     assert ledger["undo_a"] == entries[("a", StepState.COMPENSATED)], (ledger, entries)
     if "b" in cps:
         assert EFFECTS["b"] <= cps["b"].attempts
-        assert EFFECTS["undo_b"] - baseline["undo_b"] <= cps["b"].compensation_attempts
+        undone = EFFECTS["undo_b"] - baseline["undo_b"]
+        assert undone <= cps["b"].compensation_attempts + baseline["undo_b_in_flight"]
+        # and at least once: a step recorded compensated had its compensation run
+        # (a take-over that dropped a finished plain step would leave it undone)
+        assert cps["b"].state != StepState.COMPENSATED or undone >= 1, (cps["b"], undone)
     if "c" in cps:
         assert EFFECTS["c"] <= cps["c"].attempts
 
@@ -249,8 +259,10 @@ class EngineMachine(RuleBasedStateMachine):
         self.task_id = None  # the key never expires here: one task for the whole example
         self.workers: dict[int, Run] = {}
         self.runs: dict[int, object] = {}
+        self.generation = Counter()
         self.entries = Counter()     # times a checkpoint entered succeeded / compensated
         self.baseline = Counter()    # plain compensation effects before the last retry
+        self.at: dict[int, str] = {}  # the point each paused worker stopped at
         self.last_states: dict[str, str] = {}
         self.trigger(same=True)  # the first delivery's task; the rules go on from there
 
@@ -273,6 +285,10 @@ class EngineMachine(RuleBasedStateMachine):
                 self.entries[(name, state)] += 1
         self.last_states = states
 
+    def worker_id(self, i: int) -> str:
+        """Worker i's id: a crashed worker comes back as a new process (host:pid)."""
+        return f"w{i}-{self.generation[i]}"
+
     def _stale(self, i: int) -> bool:
         run = self.workers[i]
         if run.lease is None:
@@ -293,11 +309,21 @@ class EngineMachine(RuleBasedStateMachine):
             stale = self._stale(i)
             before = _snapshot() if stale else None
             try:
-                next(self.runs[i])
+                self.at[i] = next(self.runs[i])
             except StopIteration:
                 del self.runs[i], self.workers[i]
+                self.at.pop(i, None)
             if stale:
                 assert _snapshot() == before, f"worker {i} wrote with a stale token"
+
+    def _until_fired(self, i: int, hits) -> None:
+        """Let worker i go on until the armed fault fired (it is at its window)
+        or its run ended — a bounded number of durable writes."""
+        for _ in range(12):
+            if i not in self.runs or hits.fired:
+                return
+            self._advance(i)
+            self._observe()
 
     # --- the owner and the operator ------------------------------------------------------------
 
@@ -338,6 +364,7 @@ class EngineMachine(RuleBasedStateMachine):
             return
         assert task.state in (S.PENDING, S.RETRYING, S.RUNNING)
         assert after.state in (S.CANCELLED, S.CANCELLING)
+        LANDED["cancel_of_a_running_task" if task.state == S.RUNNING else "cancel"] += 1
 
     @precondition(lambda self: self.task_id is not None)
     @rule(from_start=booleans())
@@ -354,6 +381,12 @@ class EngineMachine(RuleBasedStateMachine):
     def _retried(self):
         # Steps a retry resets run (and may be compensated) afresh.
         self.baseline["undo_b"] = EFFECTS["undo_b"]
+        # A worker paused just after recording a plain compensation started (its
+        # body not yet run) has lost its lease to the retry, but its body may still
+        # run once when it wakes — at least once, counted against the attempt it
+        # started, which the retry reset. Its record is refused.
+        self.baseline["undo_b_in_flight"] = sum(
+            1 for i in self.runs if self.at.get(i) == "compensation_started")
         self._observe()
 
     @rule(step=sampled_from(BEHAVIOURS), compensation=sampled_from(BEHAVIOURS))
@@ -368,7 +401,7 @@ class EngineMachine(RuleBasedStateMachine):
         """A delivery (first, duplicate or redelivered) reaches worker i."""
         if i in self.runs:
             return
-        run = Run(self.task_id, f"w{i}")
+        run = Run(self.task_id, self.worker_id(i))
         self.workers[i], self.runs[i] = run, run.steps()
         self._advance(i, points)
 
@@ -392,13 +425,125 @@ class EngineMachine(RuleBasedStateMachine):
             return
         if where != "between_writes":
             point = "after_step_body" if where == "after_body" else "after_compensation_body"
-            with faults.armed(point):
+            with faults.armed(point) as crash:
                 try:
-                    self._advance(i)
+                    self._until_fired(i, crash)
                 except faults.SimulatedCrash:
                     pass
+            LANDED[f"crash_{where}"] += crash.fired
+        else:
+            LANDED["crash_between_writes"] += 1
         self.runs.pop(i, None)
+        self.at.pop(i, None)
         self.workers.pop(i, None)
+        self.generation[i] += 1
+
+    @precondition(lambda self: self.task_id is not None)
+    @rule(i=integers(0, 1), fault=sampled_from(["between_writes", "after_step_body",
+                                                 "after_compensation_body",
+                                                 "after_atomic_commit", "transition_reply"]),
+          points=integers(1, 3))
+    def worker_meets_a_fault_at_its_window(self, i, fault, points):
+        """Worker i (a delivery, if it holds none) goes on until the fault's window
+        and meets it there: a crash after a step's or a plain compensation's body,
+        a lost reply to an atomic COMMIT or to a transition. The rules above meet
+        them only when the run happens to be there; this one seeks the window, so
+        every run of the model lands each of them (asserted at its end)."""
+        if fault == "after_compensation_body":
+            MODE.update(c="fatal", undo_b="ok")  # the run fails for good and undoes b
+        if i not in self.runs:
+            run = Run(self.task_id, self.worker_id(i))
+            self.workers[i], self.runs[i] = run, run.steps()
+        if fault == "between_writes":  # its process dies a few writes on
+            self._advance(i, points)
+            self._observe()
+            if i in self.runs:
+                self.worker_crashes(i, "between_writes")
+            return
+        crash = fault.startswith("after_") and fault != "after_atomic_commit"
+        error = None if crash else OperationalError("server closed the connection")
+        with faults.armed(fault, error=error) as hit:
+            try:
+                self._until_fired(i, hit)
+            except faults.SimulatedCrash:
+                pass
+        LANDED[{"after_step_body": "crash_after_body",
+                "after_compensation_body": "crash_after_compensation_body",
+                "after_atomic_commit": "commit_reply_lost",
+                "transition_reply": "transition_reply_lost"}[fault]] += hit.fired
+        if crash and hit.fired:  # the process died there
+            self.runs.pop(i, None)
+            self.at.pop(i, None)
+            self.workers.pop(i, None)
+            self.generation[i] += 1
+
+    @precondition(lambda self: self.runs)
+    @rule(i=integers(0, 1))
+    def transition_lost_while_the_task_was_recovered(self, i):
+        """Worker i's next transition never reaches the server; meanwhile its
+        lease runs out and the dispatcher recovers the task (the token moves by
+        one, not by this worker): the worker must not adopt it, and writes
+        nothing more (its stale writes are checked at every advance)."""
+        if i not in self.runs:
+            return
+        if self._stale(i):
+            return  # (the stale-write check would take the dispatcher's recovery,
+            #          written from inside this worker's advance, for the worker's)
+
+        def recovered_meanwhile():
+            self.leases_run_out()
+            dispatch_once()
+
+        lost = OperationalError("server closed the connection")
+        with faults.on("before_transition", recovered_meanwhile) as hook, \
+                faults.armed("before_transition", error=lost) as hit:
+            self._until_fired(i, hit)
+        LANDED["transition_lost_before_the_server"] += hit.fired and hook.fired
+
+    @precondition(lambda self: self.task_id is not None)
+    @rule(i=integers(0, 1))
+    def cancel_lands_as_a_step_body_returns(self, i):
+        """The owner's cancel commits just after a step's body returned, before
+        its record: the worker takes the cancel over, and a plain step whose body
+        returned (its effect happened) must be compensated — not recorded failed
+        and forgotten."""
+        if i not in self.runs:
+            run = Run(self.task_id, self.worker_id(i))
+            self.workers[i], self.runs[i] = run, run.steps()
+        if self._stale(i):
+            return  # (the stale-write check would take the operator's cancel for the worker's)
+        run, returned = self.workers[i], []
+
+        def cancel_now():
+            if run.in_atomic_step:
+                return  # (an operator's cancel comes from another connection, never
+                #          from inside the step's own transaction as it would here)
+            if run.in_flight is None or run.in_flight.output is MISSING:
+                return
+            if run.in_flight.step.name != "b":
+                return
+            try:
+                task_cancel(task_id=self.task_id, user=self.owner)
+            except InvalidTransition:
+                return
+            returned.append("b")
+
+        for _ in range(12):  # until b's body returns (then the cancel lands) or the run ends
+            if i not in self.runs or returned:
+                break
+            with faults.on("after_step_body", cancel_now):
+                self._advance(i)
+            self._observe()
+        if returned:
+            MODE.update(undo_b="ok")
+            for _ in range(30):  # the take-over and its compensations
+                self._advance(i)
+                self._observe()
+            state = StepCheckpoint.objects.filter(task_id=self.task_id, name="b").values_list(
+                "state", flat=True).first()
+            assert i not in self.runs  # the cancel's phase ran through
+            assert state == StepState.COMPENSATED, state
+            LANDED["cancel_at_a_plain_steps_record"] += 1
 
     @precondition(lambda self: self.runs)
     @rule(i=integers(0, 1))
@@ -406,8 +551,34 @@ class EngineMachine(RuleBasedStateMachine):
         """The next atomic COMMIT goes through but its reply is lost."""
         if i in self.runs:
             with faults.armed("after_atomic_commit",
-                              error=OperationalError("server closed the connection")):
-                self._advance(i)
+                              error=OperationalError("server closed the connection")) as lost:
+                self._until_fired(i, lost)
+            LANDED["commit_reply_lost"] += lost.fired
+
+    @precondition(lambda self: self.task_id is not None)
+    @rule(i=integers(0, 1), points=integers(0, 3))
+    def claim_reply_lost(self, i, points):
+        """A delivery reaches worker i; its claim (or take-over) commits, the
+        reply is lost: the worker must adopt what it claimed."""
+        if i in self.runs:
+            return
+        run = Run(self.task_id, self.worker_id(i))
+        self.workers[i], self.runs[i] = run, run.steps()
+        with faults.armed("claim_reply", error=OperationalError("server closed the connection")
+                          ) as lost:
+            self._advance(i)
+        LANDED["claim_reply_lost"] += lost.fired
+        self._advance(i, points)
+
+    @precondition(lambda self: self.runs)
+    @rule(i=integers(0, 1))
+    def transition_reply_lost(self, i):
+        """The worker's next transition commits; its reply is lost."""
+        if i in self.runs:
+            with faults.armed("transition_reply",
+                              error=OperationalError("server closed the connection")) as lost:
+                self._until_fired(i, lost)
+            LANDED["transition_reply_lost"] += lost.fired
 
     # --- time and the dispatcher ---------------------------------------------------------------
 
@@ -427,6 +598,7 @@ class EngineMachine(RuleBasedStateMachine):
     def dispatcher_passes(self):
         report = dispatch_once()
         assert report.errors == 0
+        LANDED["recovered"] += report.recovered
 
     # --- invariants ----------------------------------------------------------------------------
 
@@ -482,6 +654,10 @@ class EngineMachine(RuleBasedStateMachine):
         self.promises_hold()
         self.every_ending_has_exactly_one_delivery()
         assert violations(require_terminal=True) == []
+        LANDED["examples"] += 1
+        for transition in TaskTransition.objects.filter(task_id=self.task_id).values_list(
+                "transition", flat=True):
+            LANDED[f"edge_{transition}"] += 1
 
 
 # The examples run in PARTS independent parts, each a test class with a seed of its
@@ -497,13 +673,26 @@ def run_the_model(part: int) -> None:
     owner, _ = get_user_model().objects.get_or_create(username="model-owner")
     client_webhook_ensure(owner)
     OWNER[:] = [owner]
-    examples = int(os.environ.get("PILOT_MODEL_EXAMPLES") or (2000 if on_postgres else 300))
-    machine = seed(part)(type(f"EngineMachinePart{part}", (EngineMachine,), {}))
+    examples = int(os.environ.get("PILOT_MODEL_EXAMPLES") or (2000 if on_postgres else 600))
+    base = model_seed()
+    print(f"engine model, part {part}: seed {base} + {part} "
+          f"(PILOT_MODEL_SEED={base} replays it)")
+    LANDED.clear()
+    machine = seed(base + part)(type(f"EngineMachinePart{part}", (EngineMachine,), {}))
     run_state_machine_as_test(machine, settings=settings(
         max_examples=-(-examples // PARTS), stateful_step_count=25, deadline=None,
         database=None,
         # Each example starts from an empty table: the setup hypothesis times is real.
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+    print(f"engine model, part {part}: {dict(sorted(LANDED.items()))}")
+    # Every kind of fault, and the windows it opens, must land in the run (all
+    # its parts: tests/faults/seeds.py), each crash and each lost reply by name.
+    landed_over_the_run("engine-model", part, PARTS, LANDED, (
+        "crash_between_writes", "crash_after_body", "crash_after_compensation_body",
+        "commit_reply_lost", "claim_reply_lost", "transition_reply_lost",
+        "transition_lost_before_the_server", "cancel_at_a_plain_steps_record",
+        "edge_recover", "cancel", "cancel_of_a_running_task", "edge_resume", "edge_defer",
+        "edge_compensate", "edge_retry", "examples"))
 
 
 class _Part:

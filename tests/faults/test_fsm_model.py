@@ -12,21 +12,21 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from hypothesis.strategies import sampled_from
 
 from tests.faults.invariants import violations
-from workflows.engine.claims import task_claim
+from tests.support.helpers import task_claim
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.operations import task_cancel, task_retry
-from workflows.engine.runner import task_run
+from workflows.engine.run import task_run
 from workflows.engine.triggers import task_trigger
-from workflows.errors import (
+from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition
+from workflows.registry import registry
+from workflows.rules.errors import (
     IdempotencyKeyReused,
     InvalidTransition,
     NonRetryableError,
     RetryableError,
     TaskCancelled,
 )
-from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition
-from workflows.registry import registry
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,8 @@ from tests.faults.invariants import Observed, violations
 from tests.support.helpers import drain
 from workflows.engine.triggers import task_trigger
 from workflows.models import DemoLedger, DemoOrder, StepCheckpoint, Task, TaskTransition
-from workflows.states import FINISHED_STATES
-from workflows.states import TaskState as S
+from workflows.rules.states import FINISHED_STATES
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -145,7 +145,7 @@ def test_an_illegal_edge_is_reported(run):
 
 def test_a_task_running_on_a_long_expired_lease_is_reported_while_running(owner):
     task = task_trigger(owner=owner, key="abandoned", workflow="demo.echo", payload={}).task
-    from workflows.engine.claims import task_claim
+    from tests.support.helpers import task_claim
 
     assert task_claim(task_id=task.pk, worker="gone") is not None
     assert violations(require_terminal=False, tasks=Task.objects.filter(pk=task.pk)) == []

@@ -21,7 +21,7 @@ from tests.faults.invariants import Observed, violations
 from tests.support.procs import Fleet, group_pids, rss_kib, wait_until
 from workflows.accounts import api_client_create
 from workflows.models import Task
-from workflows.states import FINISHED_STATES
+from workflows.rules.states import FINISHED_STATES
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -16,8 +16,8 @@ from tests.faults.invariants import violations
 from tests.support.procs import Fleet, group_pids, wait_until
 from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
 from workflows.models import DemoOrder, StepCheckpoint, Task, TaskTransition
-from workflows.states import FINISHED_STATES
-from workflows.states import TaskState as S
+from workflows.rules.states import FINISHED_STATES
+from workflows.rules.states import TaskState as S
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -4,9 +4,9 @@ import pytest
 
 from tests.factories import make_task
 from workflows.models import StepCheckpoint
+from workflows.rules.states import StepState
+from workflows.rules.states import TaskState as S
 from workflows.selectors import tasks_in_flight
-from workflows.states import StepState
-from workflows.states import TaskState as S
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from django_fsm import ConcurrentTransition, TransitionNotAllowed, has_transitio
 from tests.factories import make_task, transition_kwargs
 from workflows.engine.store import store
 from workflows.models import Task, TaskTransition
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db
 

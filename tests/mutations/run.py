@@ -1,24 +1,29 @@
-"""The mutation check (`make mutate`): does the suite bite?
+"""The mutation check (`make mutate`; its CI subset in `make test`): does the suite bite?
 
 Each mutant below is one deliberate bug in the engine, written as exact text
-replacements. For each, one at a time, the script:
+replacements, filed under the promise of docs/guarantees.md it would break. For
+each, one at a time, the script:
 
 1. exports the committed tree (`git archive HEAD`) into a temporary directory —
    the working tree is never written, so Ctrl-C or a crash cannot leave a bug
    behind;
 2. applies the mutant's replacements there; a pattern that is not found exactly
-   `count` times stops the script (a refactor must not silently turn a mutant
-   into a no-op);
+   once stops the script (a refactor must not silently turn a mutant into a
+   no-op — tests/unit/test_mutation_catalogue.py checks that on every run);
 3. runs the mutant's small, named selection of tests against PostgreSQL and
-   Redis (DATABASE_URL, REDIS_URL — required);
+   Redis (DATABASE_URL, REDIS_URL — required), on a copy of the baseline's
+   test database (a mutant of a migration — a schema function — gets a test
+   database migrated from its own tree instead);
 4. records whether it was killed (a test failed) and which tests caught it.
 
 Before the mutants, the union of all selections runs once on the unmutated
-copy: a kill only counts if the same tests pass without the bug. Prints a
-table (markdown) and exits non-zero if any mutant survived. Not part of
-`make test`; see docs/testing.md for the last table.
+copy: a kill only counts if the same tests pass without the bug. Mutants run
+on LANES lanes side by side (each its own database and queue). Prints a table
+(markdown) and exits non-zero if any mutant survived.
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... make mutate
+    .venv/bin/python -m tests.mutations.run --ci        the subset make test runs:
+                                                        one mutant per promise
     .venv/bin/python -m tests.mutations.run --only enqueue-before-commit
 """
 
@@ -45,6 +50,33 @@ class Mutant:
     path: str
     replacements: tuple[tuple[str, str], ...]  # (exact old text, new text), each found once
     tests: tuple[str, ...]  # pytest node ids (or files) that must catch it
+    promise: str = ""  # the promise of docs/guarantees.md it breaks (PROMISES)
+    ci: bool = False  # in the subset `make test` runs (--ci): one per promise
+
+    @property
+    def migration(self) -> bool:
+        """A bug in a migration (a schema function): its tests need a database
+        migrated from the mutated tree."""
+        return self.path.startswith("workflows/migrations/")
+
+
+# The promises of docs/guarantees.md the mutants are filed under.
+PROMISES = {
+    "triggers": "N identical triggers: one task, one enqueue, N-1 replays, no deadlock",
+    "replays": "every replay counted once",
+    "atomic": "an atomic step's effects exactly once; a succeeded checkpoint never downgraded",
+    "fence": "a worker that lost the task writes nothing more",
+    "crash": "a crash loses nothing and repeats no finished step",
+    "saga": "compensations run once, and every finished step's effect is undone",
+    "time": "every decision by the database's clock",
+    "isolation": "task_run never raises",
+    "messages": "a message exists only for a change that committed, and work under way "
+                "goes first",
+    "fairness": "one client cannot take every worker",
+    "liveness": "nothing stuck: a lost message or a lost reply strands no task",
+    "webhooks": "every ending gets its webhook delivery, sent by one sender at a time",
+    "schedules": "one task per schedule slot",
+}
 
 
 MUTANTS = (
@@ -65,6 +97,7 @@ MUTANTS = (
          "test_every_write_of_a_running_worker_is_refused_after_every_token_change",
          "tests/concurrency/test_execution_races.py::"
          "test_a_stale_token_is_refused_while_the_new_holder_writes"),
+        promise="fence", ci=True,
     ),
     Mutant(
         "new-step-rows-without-upsert",
@@ -77,6 +110,7 @@ MUTANTS = (
 )"""),),
         ("tests/engine/store/test_contract.py::"
          "test_a_step_write_retried_while_its_first_try_is_still_open_lands_once",),
+        promise="atomic", ci=False,
     ),
     Mutant(
         "fold-inserts-a-new-row",
@@ -111,6 +145,7 @@ MUTANTS = (
 )"""),),
         ("tests/windows/test_replay_fold_windows.py::"
          "test_a_cleanup_deleting_the_task_inside_a_folds_window_deletes_every_row",),
+        promise="replays", ci=True,
     ),
     Mutant(
         "fold-without-row-locks",
@@ -121,6 +156,7 @@ MUTANTS = (
           """                AND r.at >= found.hour AND r.at < found.hour + interval '1 hour'"""),),
         ("tests/windows/test_replay_fold_windows.py::"
          "test_a_replay_and_a_second_fold_inside_a_folds_window_count_once",),
+        promise="replays", ci=False,
     ),
     Mutant(
         "transition-without-fence",
@@ -135,6 +171,7 @@ WITH changed AS (
      WHERE id = %(task_id)s"""),),
         ("tests/windows/test_fencing.py::"
          "test_every_write_of_a_running_worker_is_refused_after_every_token_change",),
+        promise="fence", ci=False,
     ),
     Mutant(
         "recover-live-leases",
@@ -145,6 +182,7 @@ WITH changed AS (
           "lease_expires_at__lt=now + timedelta(seconds=60))"),),
         ("tests/engine/test_dispatcher.py::"
          "test_an_expired_lease_is_recovered_and_the_lost_attempt_counts",),
+        promise="crash", ci=False,
     ),
     Mutant(
         "skip-on-conflict",
@@ -156,6 +194,7 @@ WITH changed AS (
         # too, but needs ~230 connections; these need one.)
         ("tests/engine/test_triggers.py::test_replays_are_counted_and_logged_with_their_time",
          "tests/engine/test_triggers.py::test_same_request_replays_an_active_or_succeeded_task"),
+        promise="triggers", ci=True,
     ),
     Mutant(
         "enqueue-before-commit",
@@ -165,6 +204,7 @@ WITH changed AS (
           "        _push_after_commit(ids, front, func)"),),
         ("tests/engine/test_triggers.py::"
          "test_a_rolled_back_trigger_leaves_no_task_and_no_message",),
+        promise="messages", ci=True,
     ),
     Mutant(
         "retries-behind-the-backlog",
@@ -173,6 +213,7 @@ WITH changed AS (
         (("    elif front:\n", "    elif False:\n"),),
         ("tests/engine/test_dispatcher.py::"
          "test_due_retries_go_ahead_of_a_backlog_of_new_triggers",),
+        promise="messages", ci=False,
     ),
     Mutant(
         "no-attempt-on-recover",
@@ -185,26 +226,40 @@ WITH changed AS (
                                    reason=f"{reason}; retry in {delay:.3f}s","""),),
         ("tests/engine/test_dispatcher.py::"
          "test_a_poison_task_that_kills_every_worker_ends_failed_after_max_attempts",),
+        promise="crash", ci=False,
     ),
     Mutant(
         "overwrite-succeeded-checkpoint",
         "a failed record may overwrite a succeeded step checkpoint",
-        "workflows/states.py",
+        "workflows/rules/states.py",
         (("    StepState.FAILED: (StepState.PENDING, StepState.RUNNING, StepState.FAILED),",
           "    StepState.FAILED: (StepState.PENDING, StepState.RUNNING, StepState.FAILED,\n"
           "                       StepState.SUCCEEDED),"),),
         ("tests/engine/store/test_contract.py::test_a_step_row_only_moves_forward",),
+        promise="atomic", ci=False,
+    ),
+    Mutant(
+        "replay-list-drifts",
+        "the one-statement replay forgets a replayable state (compensating): a re-trigger "
+        "then pays the general path's locks and statements",
+        "workflows/engine/store/queries.sql",
+        (("       AND (state IN ('pending', 'running', 'retrying', 'compensating')",
+          "       AND (state IN ('pending', 'running', 'retrying')"),),
+        ("tests/engine/test_triggers.py::"
+         "test_the_one_statement_replay_takes_exactly_the_replayable_states",),
+        promise="replays", ci=False,
     ),
     Mutant(
         "compensate-twice",
         "the compensation phase no longer skips steps already compensated",
-        "workflows/engine/compensation.py",
-        (("        if cp.state not in TO_COMPENSATE or not cp.compensable:",
-          "        if not cp.compensable:"),),
+        "workflows/engine/run/compensation.py",
+        (("            if cp.state not in TO_COMPENSATE or not cp.compensable:",
+          "            if not cp.compensable:"),),
         ("tests/windows/test_saga_windows.py::"
          "test_a_retryable_compensation_error_waits_its_backoff_then_any_worker_resumes",
          "tests/windows/test_saga_windows.py::"
          "test_a_crash_while_a_failure_compensates_resumes_the_compensations_not_the_steps"),
+        promise="saga", ci=False,
     ),
     Mutant(
         "python-clock",
@@ -214,16 +269,221 @@ WITH changed AS (
           "    now = __import__('django.utils.timezone', fromlist=['now']).now()\n"
           "    report = DispatchReport(db_now=now)"),),
         ("tests/windows/test_database_time.py",),
+        promise="time", ci=True,
     ),
     Mutant(
         "signal-escapes-task-run",
         "a worker signal (LeaseLost, CancelRequested) escapes task_run",
-        "workflows/engine/runner.py",
+        "workflows/engine/run/driver.py",
         (("        except WorkerSignal as signal:  # every path handles its own; never let one "
           "escape\n            self._lost(signal)",
           "        except WorkerSignal:\n            raise"),),
         ("tests/windows/test_isolation.py::test_task_run_returns_normally_whatever_is_raised_"
          "inside_it",),
+        promise="isolation", ci=True,
+    ),
+    # --- the survivors of review turn 3's test audit (M1-M6; M7 with the webhooks) ----
+    Mutant(
+        "trigger-insert-in-request-order",
+        "a batch trigger inserts its new keys in request order, not key order (two batches "
+        "sharing keys in opposite orders deadlock; the retry hid it) — audit M1",
+        "workflows/engine/triggers.py",
+        (("bulk_create(sorted(fresh.values(), key=lambda t: t.idempotency_key),",
+          "bulk_create(list(fresh.values()),"),),
+        ("tests/concurrency/test_trigger_races.py::"
+         "test_two_batches_of_the_same_keys_in_opposite_orders_interleaved_do_not_deadlock",
+         "tests/concurrency/test_trigger_races.py::"
+         "test_overlapping_batches_racing_do_not_deadlock_or_duplicate"),
+        promise="triggers", ci=True,
+    ),
+    Mutant(
+        "recover-drops-step-progress",
+        "the dispatcher's recover also clears the interrupted step's cursor (the next "
+        "attempt starts the step over) — audit M2",
+        "workflows/engine/dispatcher.py",
+        (("""its worker was lost ({reason})",
+                finished_at=now)""", """its worker was lost ({reason})",
+                finished_at=now, progress=None)"""),),
+        ("tests/windows/test_crash_windows.py::"
+         "test_a_crash_mid_step_resumes_from_the_cursor_it_saved",),
+        promise="crash", ci=True,
+    ),
+    Mutant(
+        "atomic-step-reruns-on-transient-error",
+        "an atomic step's transaction is run again after a connection error, before asking "
+        "whether it committed — audit M3",
+        "workflows/engine/run/held.py",
+        (("""                if not isinstance(exc, Exception) or isinstance(exc, Interrupted):
+                    raise
+""",
+          """                if not isinstance(exc, Exception) or isinstance(exc, Interrupted):
+                    raise
+                if isinstance(exc, TRANSIENT) and round_ < 3:
+                    continue
+"""),),
+        ("tests/windows/test_commit_ambiguity.py::"
+         "test_a_lost_reply_to_an_atomic_steps_commit_does_not_run_it_again",),
+        promise="atomic", ci=True,
+    ),
+    Mutant(
+        "transition-adopts-any-token-plus-one",
+        "after a lost reply a worker adopts the task's next version without checking the "
+        "change was its own — audit M4",
+        "workflows/engine/run/held.py",
+        (("if fresh.lease_token == token + 1 and self.last_change_was_ours(name):",
+          "if fresh.lease_token == token + 1:"),),
+        ("tests/windows/test_lost_replies.py::"
+         "test_a_transition_lost_while_the_dispatcher_recovered_the_task_writes_nothing",),
+        promise="fence", ci=True,
+    ),
+    Mutant(
+        "cancel-takeover-drops-finished-in-flight-step",
+        "the take-over after a cancel records the in-flight step failed even when its body "
+        "returned (its effect is never compensated) — audit M5",
+        "workflows/engine/run/compensation.py",
+        (("""    if in_flight.output is not MISSING:
+        return step_rows.succeeded(""",
+          """    if False:
+        return step_rows.succeeded("""),),
+        ("tests/windows/test_saga_windows.py::"
+         "test_a_cancel_noticed_at_a_plain_steps_record_compensates_that_step",),
+        promise="saga", ci=True,
+    ),
+    Mutant(
+        "claim-slot-without-workflow-lock",
+        "the claim counts a workflow's held tasks without its advisory lock (two clients "
+        "both take a concurrency=1 workflow's slot) — audit M6, a migration",
+        "workflows/migrations/0018_caps_count_undo_work.py",
+        (("        PERFORM pg_advisory_xact_lock(1346980914, hashtext(p_workflow));\n", ""),),
+        ("tests/engine/test_caps.py::"
+         "test_two_claims_for_a_workflows_last_concurrency_slot_are_decided_one_after_the_other",),
+        promise="fairness", ci=True,
+    ),
+    Mutant(
+        "schedule-pass-without-row-lock",
+        "the scheduler takes a due schedule without locking it (two schedulers fire one "
+        "slot) — audit M8",
+        "workflows/engine/schedules.py",
+        (("""    return (PilotSchedule.objects.select_for_update(skip_locked=True, of=("self",))""",
+          """    return (PilotSchedule.objects"""),),
+        ("tests/engine/test_schedules.py::"
+         "test_a_schedule_locked_by_another_scheduler_is_passed_by_not_waited_for",),
+        promise="schedules", ci=True,
+    ),
+    # --- liveness (issue 26) -----------------------------------------------------------------
+    Mutant(
+        "resend-only-when-the-fleet-is-idle",
+        "a lost message is re-sent only when nobody has claimed anything for "
+        "PILOT_REENQUEUE_SECONDS (review F1: a busy fleet strands it)",
+        "workflows/engine/dispatcher.py",
+        (("""               .exclude(blocked_q(Slots.now(caps()))))
+    owners = list(""",
+          """               .exclude(blocked_q(Slots.now(caps()))))
+    from workflows.models import TaskTransition
+    if TaskTransition.objects.filter(transition="claim", at__gte=_stale(now)).exists():
+        return
+    owners = list("""),),
+        ("tests/engine/test_dispatcher.py::"
+         "test_a_lost_message_is_resent_while_the_fleet_keeps_claiming_other_work",
+         "tests/windows/test_liveness.py::"
+         "test_a_lost_message_is_claimed_within_a_period_while_long_runs_keep_coming"),
+        promise="liveness", ci=True,
+    ),
+    Mutant(
+        "resends-oldest-overall",
+        "the lost-message re-sends of a pass go to the oldest tasks overall (one client's "
+        "pile of lost messages keeps every other client's waiting)",
+        "workflows/engine/dispatcher.py",
+        (("    chosen = [pk for owner_id in owners\n",
+          "    chosen = [pk for owner_id in owners[:0]\n"),),
+        ("tests/windows/test_liveness.py::"
+         "test_one_clients_pile_of_lost_messages_does_not_keep_anothers_waiting",),
+        promise="liveness", ci=False,
+    ),
+    Mutant(
+        "claim-reply-not-adopted",
+        "after a connection error a claim is simply tried again (review F3: the one that "
+        "committed is left running under a lease nobody uses)",
+        "workflows/engine/run/driver.py",
+        (("""                held = held_by_me(self.store, self.worker, task_id=named, """
+          """deadline=deadline)
+                if held is not None:
+                    return held""",
+          """                continue"""),),
+        ("tests/windows/test_lost_replies.py::"
+         "test_a_claim_whose_reply_was_lost_is_adopted_and_runs_on_that_attempt",),
+        promise="liveness", ci=False,
+    ),
+    Mutant(
+        "owed-scan-takes-clients-at-their-cap",
+        "the owed-message scan chooses its clients among all that are owed, those at their "
+        "cap included (review F7: a client with a free slot beyond the batch waits)",
+        "workflows/engine/dispatcher.py",
+        (("    free = owed.exclude(blocked_q(slots))\n", "    free = owed\n"),),
+        ("tests/windows/test_liveness.py::"
+         "test_a_client_with_a_free_slot_is_served_whatever_the_clients_at_their_cap",),
+        promise="liveness", ci=False,
+    ),
+    Mutant(
+        "undo-work-uncounted",
+        "compensation and cancel phases do not count toward their client's cap (security "
+        "N5: one client's slow compensations hold every worker), a migration",
+        "workflows/migrations/0018_caps_count_undo_work.py",
+        (("""           AND (state = 'running'
+                OR (state IN ('compensating', 'cancelling')
+                    AND (lease_expires_at > v_now""",
+          """           AND (state = 'running'
+                OR (false
+                    AND (lease_expires_at > v_now"""),),
+        ("tests/engine/test_caps.py::test_a_held_compensation_phase_takes_its_clients_slot",
+         "tests/engine/test_caps.py::"
+         "test_undo_work_waiting_for_a_worker_goes_before_the_clients_new_runs"),
+        promise="fairness", ci=False,
+    ),
+    Mutant(
+        "cleanup-process-clock",
+        "cleanup judges expiry by the process clock (review F4: a fast host deletes a live "
+        "key and the retry runs again)",
+        "workflows/engine/cleanup.py",
+        (("    now = now or store().db_now()", "    now = now or timezone.now()"),),
+        ("tests/windows/test_database_time.py::"
+         "test_cleanup_judges_expiry_by_the_databases_clock",),
+        promise="time", ci=False,
+    ),
+    Mutant(
+        "webhook-claim-without-row-locks",
+        "a webhook sender's claim reads the task and the delivery without locking them "
+        "(two senders racing both claim one attempt)",
+        "workflows/engine/deliveries.py",
+        (("        task = Task.objects.select_for_update().filter(pk=task_id).first()\n"
+          "        delivery = (WebhookDelivery.objects.select_for_update()"
+          ".annotate(pilot_db_now=Now())",
+          "        task = Task.objects.filter(pk=task_id).first()\n"
+          "        delivery = (WebhookDelivery.objects.annotate(pilot_db_now=Now())"),),
+        ("tests/engine/test_deliveries.py::"
+         "test_a_second_sender_waits_at_the_row_locks_then_finds_the_attempt_claimed",),
+        promise="webhooks", ci=True,
+    ),
+    Mutant(
+        "webhook-slot-without-client-lock",
+        "a webhook claim counts its client's attempts in flight without the client's lock "
+        "(two claims racing both take the last slot)",
+        "workflows/engine/webhook_slots.py",
+        (("        _lock_client(delivery.owner_id)\n", ""),),
+        ("tests/engine/test_webhook_slots.py::"
+         "test_two_claims_for_the_last_slot_are_decided_one_after_the_other",),
+        promise="webhooks", ci=False,
+    ),
+    Mutant(
+        "webhook-resend-keeps-the-claim",
+        "an operator's re-send leaves the claim token as it was (a slow sender's late outcome "
+        "overwrites the re-send)",
+        "workflows/engine/deliveries.py",
+        (("            claim_token=F(\"claim_token\") + 1, resend_owed=True)",
+          "            resend_owed=True)"),),
+        ("tests/engine/test_deliveries.py::"
+         "test_a_resend_moves_the_claim_on_so_a_stale_senders_late_outcome_is_refused",),
+        promise="webhooks", ci=False,
     ),
 )
 
@@ -253,38 +513,92 @@ def apply(mutant: Mutant, tree: Path) -> None:
 
 
 FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
+LANES = 2  # mutants run side by side, each lane with its own databases and queue
 
 
-def run_tests(tree: Path, tests: tuple[str, ...], *, log: Path,
-              timeout: float) -> tuple[int, list[str], float]:
-    """pytest on `tests` in `tree`: (exit code, failed node ids, seconds)."""
+@dataclasses.dataclass(frozen=True)
+class Lane:
+    """Where one lane's tests run: its own DATABASE_URL database (so its own test
+    database, test_<name>) and its own queue."""
+
+    number: int
+    base_url: str
+
+    @property
+    def name(self) -> str:
+        return f"{_database_of(self.base_url)}_mutate{self.number}"
+
+    @property
+    def test_database(self) -> str:
+        return f"test_{self.name}"
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "PILOT_REQUIRE_POSTGRES": "1",
+                "DATABASE_URL": self.base_url.rsplit("/", 1)[0] + f"/{self.name}",
+                "PILOT_Q_CLUSTER_NAME": f"pilot-mutate-{self.number}"}
+
+
+def _database_of(url: str) -> str:
+    return url.rsplit("/", 1)[1].split("?", 1)[0]
+
+
+def _admin(url: str, *statements: str) -> None:
+    """Run statements on the server of `url` (its maintenance database), one by one."""
+    import psycopg
+
+    server = url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(server.replace("postgres://", "postgresql://", 1),
+                         autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def clone(template: str, lane: Lane) -> None:
+    """The lane's test database, a fresh copy of `template` (the baseline's)."""
+    _admin(lane.base_url, f'DROP DATABASE IF EXISTS "{lane.test_database}" WITH (FORCE)',
+           f'CREATE DATABASE "{lane.test_database}" TEMPLATE "{template}"')
+
+
+def run_tests(tree: Path, tests: tuple[str, ...], *, lane: Lane, log: Path, timeout: float,
+              create_db: bool = False) -> tuple[int, list[str], float]:
+    """pytest on `tests` in `tree` in `lane`: (exit code, failed node ids, seconds)."""
     started = time.monotonic()
     with open(log, "w") as out:
         try:
             code = subprocess.run(
                 [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider",
-                 "--reuse-db", *tests],
+                 "--reuse-db", *(["--create-db"] if create_db else []), *tests],
                 cwd=tree, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
-                env={**os.environ, "PILOT_REQUIRE_POSTGRES": "1"}).returncode
+                env=lane.env()).returncode
         except subprocess.TimeoutExpired:
             code = -1
     failed = sorted(set(FAILED.findall(log.read_text(errors="replace"))))
     return code, failed, time.monotonic() - started
 
 
+def verdict_of(code: int, failed: list[str]) -> str:
+    if code == 1 and failed:
+        return "killed"
+    return "SURVIVED" if code == 0 else f"error (exit {code})"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", default=[],
                         help="run only this mutant (repeatable)")
+    parser.add_argument("--ci", action="store_true",
+                        help="only the mutants marked ci: one per promise (make test)")
     parser.add_argument("--timeout", type=float, default=300,
                         help="seconds per test run (default 300)")
     parser.add_argument("--keep", action="store_true", help="keep the logs directory")
     args = parser.parse_args(argv)
-    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+    base_url = os.environ.get("DATABASE_URL", "")
+    if not base_url.startswith("postgres"):
         raise SystemExit("make mutate needs DATABASE_URL=postgres://… (and REDIS_URL=redis://…)")
     if not os.environ.get("REDIS_URL", "").startswith("redis"):
         raise SystemExit("make mutate needs REDIS_URL=redis://…")
-    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    chosen = [m for m in MUTANTS if (not args.only or m.name in args.only)
+              and (not args.ci or m.ci)]
     unknown = set(args.only) - {m.name for m in MUTANTS}
     if unknown:
         raise SystemExit(f"unknown mutant(s): {', '.join(sorted(unknown))}")
@@ -296,7 +610,10 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="pilot-mutate-"))
     logs = work / "logs"
     logs.mkdir()
-    rows, survived, broken = [], 0, False
+    lanes = [Lane(n, base_url) for n in range(LANES)]
+    template = f"{lanes[0].test_database}_pristine"
+    rows: list[tuple[Mutant, str, list[str], float]] = []
+    started = time.monotonic()
     try:
         pristine = work / "pristine"
         pristine.mkdir()
@@ -306,43 +623,76 @@ def main(argv=None) -> int:
         selection = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
         print(f"baseline: {len(selection)} test selection(s) on the unmutated tree ...",
               flush=True)
-        code, failed, took = run_tests(pristine, ("--create-db", *selection),
+        code, failed, took = run_tests(pristine, selection, lane=lanes[0], create_db=True,
                                        log=logs / "baseline.log", timeout=args.timeout * 2)
         if code != 0:
             print((logs / "baseline.log").read_text(errors="replace")[-5000:])
             raise SystemExit(f"the selection fails without any mutant (exit {code}): "
                              f"{failed}; nothing can be concluded")
         print(f"baseline passed in {took:.0f} s", flush=True)
-        for mutant in chosen:
+        _admin(base_url, f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)',
+               f'CREATE DATABASE "{template}" TEMPLATE "{lanes[0].test_database}"')
+
+        def one(mutant: Mutant, lane: Lane) -> tuple[Mutant, str, list[str], float]:
             tree = work / mutant.name
             shutil.copytree(pristine, tree, symlinks=True)
             apply(mutant, tree)
-            code, failed, took = run_tests(tree, mutant.tests, log=logs / f"{mutant.name}.log",
+            if not mutant.migration:
+                clone(template, lane)
+            code, failed, took = run_tests(tree, mutant.tests, lane=lane,
+                                           create_db=mutant.migration,
+                                           log=logs / f"{mutant.name}.log",
                                            timeout=args.timeout)
-            if code == 1 and failed:
-                verdict = "killed"
-            elif code == 0:
-                verdict, survived = "SURVIVED", survived + 1
-            else:
-                verdict, broken = f"error (exit {code})", True
-                print((logs / f"{mutant.name}.log").read_text(errors="replace")[-3000:])
-            rows.append((mutant, verdict, failed, took))
-            print(f"  {mutant.name}: {verdict} in {took:.0f} s", flush=True)
             shutil.rmtree(tree)
+            verdict = verdict_of(code, failed)
+            if verdict.startswith("error"):
+                print((logs / f"{mutant.name}.log").read_text(errors="replace")[-3000:])
+            print(f"  {mutant.name}: {verdict} in {took:.0f} s", flush=True)
+            return mutant, verdict, failed, took
+
+        import queue
+        import threading
+
+        todo: queue.Queue[Mutant] = queue.Queue()
+        for mutant in chosen:
+            todo.put(mutant)
+
+        def lane_loop(lane: Lane) -> None:
+            while True:
+                try:
+                    mutant = todo.get_nowait()
+                except queue.Empty:
+                    return
+                rows.append(one(mutant, lane))
+
+        threads = [threading.Thread(target=lane_loop, args=(lane,)) for lane in lanes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     finally:
+        for lane in lanes:
+            _admin(base_url, f'DROP DATABASE IF EXISTS "{lane.test_database}" WITH (FORCE)')
+        _admin(base_url, f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)')
         if args.keep:
             print(f"logs kept in {logs}")
         else:
             shutil.rmtree(work, ignore_errors=True)
 
-    print("\n| mutant | bug | killed? | caught by |\n|---|---|---|---|")
+    order = {m.name: i for i, m in enumerate(MUTANTS)}
+    rows.sort(key=lambda row: order[row[0].name])
+    print("\n| promise | mutant | bug | killed? | caught by |\n|---|---|---|---|---|")
     for mutant, verdict, failed, took in rows:
         caught = "<br>".join(f"`{f}`" for f in failed[:4]) or "—"
         if len(failed) > 4:
             caught += f"<br>and {len(failed) - 4} more"
-        print(f"| `{mutant.name}` | {mutant.bug} ({mutant.path}) | {verdict} ({took:.0f} s) "
-              f"| {caught} |")
-    return 1 if survived or broken else 0
+        print(f"| {mutant.promise} | `{mutant.name}`{' (ci)' if mutant.ci else ''} | "
+              f"{mutant.bug} ({mutant.path}) | {verdict} ({took:.0f} s) | {caught} |")
+    survived = sum(verdict == "SURVIVED" for _, verdict, _, _ in rows)
+    broken = any(verdict.startswith("error") for _, verdict, _, _ in rows)
+    print(f"\n{len(rows)} mutants in {time.monotonic() - started:.0f} s: "
+          f"{sum(v == 'killed' for _, v, _, _ in rows)} killed, {survived} survived")
+    return 1 if survived or broken or len(rows) != len(chosen) else 0
 
 
 if __name__ == "__main__":

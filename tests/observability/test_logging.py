@@ -21,10 +21,10 @@ from workflows.engine.cleanup import tasks_cleanup
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.operations import task_cancel
 from workflows.engine.triggers import task_trigger
-from workflows.errors import PilotError
 from workflows.models import Task
 from workflows.observability.events import emit, log_context
 from workflows.observability.logging import JsonFormatter, TextFormatter
+from workflows.rules.errors import PilotError
 from workflows.worker import run_task
 
 SECRET_KEY_VALUE = "key-do-not-log-7f3a"
@@ -58,7 +58,7 @@ def test_a_task_life_is_logged_as_json_lines_with_the_expected_fields(owner, tem
     @wf.step
     def first(ctx):
         if ctx.attempt == 1:
-            from workflows.errors import RetryableError
+            from workflows.rules.errors import RetryableError
             raise RetryableError("once")
         return 1
 

@@ -12,7 +12,7 @@ from tests.factories import S
 from tests.support.helpers import drain
 from tests.support.procs import ROOT
 from workflows.engine.triggers import task_trigger
-from workflows.errors import PilotError
+from workflows.rules.errors import PilotError
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,7 +21,7 @@ from tests.support.helpers import drain
 from tests.support.procs import ROOT
 from tests.webhooks.receiver import Receiver
 from workflows.accounts import client_webhook_ensure
-from workflows.engine.runner import task_run
+from workflows.engine.run import task_run
 from workflows.engine.triggers import task_trigger
 from workflows.models import Task, WebhookDelivery
 from workflows.observability import tracing

@@ -1,4 +1,4 @@
-"""django-q2's Schedule admin cannot run arbitrary code (workflows/qadmin.py):
+"""django-q2's Schedule admin cannot run arbitrary code (workflows/admin/django_q.py):
 no superuser can add a schedule or change what one runs; PILOT's own cleanup
 schedule stays, and its timing can still be changed."""
 
@@ -11,7 +11,7 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from tests.support.migrated import rebuild
-from workflows.qadmin import LockedScheduleAdmin
+from workflows.admin.django_q import LockedScheduleAdmin
 
 pytestmark = pytest.mark.django_db
 

@@ -106,7 +106,7 @@ def drain(until=None, *, timeout: float = 15.0, dispatch: bool = True,
 
     from workflows.engine.dispatcher import dispatch_once
     from workflows.models import Task
-    from workflows.states import TaskState
+    from workflows.rules.states import TaskState
     from workflows.worker import deliver_webhook, run_task
 
     deadline = time.monotonic() + timeout
@@ -211,3 +211,73 @@ def audit(task_id) -> list[tuple[str, str, str]]:
 
     return list(TaskTransition.objects.filter(task_id=task_id).order_by("id")
                 .values_list("transition", "from_state", "to_state"))
+
+
+class Background:
+    """`fn()` running on another thread — so on its own database connection —
+    started at once; `done` is set when it returned, `result()` waits for it
+    and returns its value (or raises its exception)."""
+
+    def __init__(self, fn):
+        import threading
+
+        from django.db import connections
+
+        self.box: dict = {}
+        self.done = threading.Event()
+
+        def body():
+            try:
+                self.box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to result()
+                self.box["error"] = exc
+            finally:
+                connections.close_all()
+                self.done.set()
+
+        threading.Thread(target=body, daemon=True).start()
+
+    def result(self, timeout: float = 30.0):
+        assert self.done.wait(timeout), "the other connection's work hung"
+        if "error" in self.box:
+            raise self.box["error"]
+        return self.box.get("value")
+
+
+def background(fn) -> Background:
+    return Background(fn)
+
+
+def lock_waiters(*kinds: str) -> int:
+    """PostgreSQL: how many sessions of this test's database wait for a lock
+    of one of these kinds (pg_locks.locktype) right now. A row lock is waited
+    for as a 'transactionid' (or 'tuple') lock, an advisory one as 'advisory'."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(DISTINCT l.pid) FROM pg_locks AS l "
+                       "JOIN pg_stat_activity AS a ON a.pid = l.pid "
+                       "WHERE NOT l.granted AND a.datname = current_database() "
+                       "AND l.locktype = ANY(%s)", [list(kinds)])
+        return cursor.fetchone()[0]
+
+
+def row_lock_waiters() -> int:
+    return lock_waiters("transactionid", "tuple")
+
+
+def task_claim(*, task_id, worker: str):
+    """A worker's claim of `task_id` (the store's, with the configured lease),
+    as a test plays a worker that claims and then does something else."""
+    from workflows.engine.leases import lease_length
+    from workflows.engine.store import store
+
+    return store().claim(task_id, worker=worker, lease=lease_length())
+
+
+def task_resume(*, task_id, worker: str):
+    """A worker's take-over of a compensation phase, likewise."""
+    from workflows.engine.leases import lease_length
+    from workflows.engine.store import store
+
+    return store().resume(task_id, worker=worker, lease=lease_length())

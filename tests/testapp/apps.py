@@ -17,3 +17,10 @@ class TestAppConfig(AppConfig):
 
             real = timezone.now
             timezone.now = lambda: real() + timedelta(seconds=skew)
+        # A slow resolver for some names (tests/support/slow_dns.py): the attempts'
+        # deadline includes the DNS lookup (tests/acceptance/test_fairness.py).
+        slow_dns = os.environ.get("PILOT_TEST_SLOW_DNS")
+        if slow_dns:
+            from tests.support.slow_dns import install
+
+            install(slow_dns)

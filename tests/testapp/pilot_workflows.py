@@ -3,7 +3,7 @@ so that real worker processes started by the tests know them too."""
 
 import os
 
-from workflows.registry import define_workflow
+from workflows.sdk import define_workflow
 
 poison = define_workflow("test.poison", max_attempts=3, backoff_initial=0.1, backoff_max=0.2,
                          description="Kills the worker process that runs it, every time.")
@@ -40,6 +40,6 @@ misuse = define_workflow("test.signals", max_attempts=2, backoff_initial=0.1, ba
 
 @misuse.step
 def signal(ctx):
-    from workflows.errors import LeaseLost
+    from workflows.sdk import LeaseLost
 
     raise LeaseLost("a workflow raising the worker's own signal")

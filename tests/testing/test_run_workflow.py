@@ -9,9 +9,9 @@ import time
 import pytest
 
 from workflows.engine import faults
-from workflows.errors import NonRetryableError, UnknownWorkflow, ValidationFailed
 from workflows.models import DemoLedger, DemoOrder, Task, TaskTransition
-from workflows.states import TaskState as S
+from workflows.rules.errors import NonRetryableError, UnknownWorkflow, ValidationFailed
+from workflows.rules.states import TaskState as S
 from workflows.testing import DEFAULT_OWNER, WorkflowRunStuck, run_workflow
 
 pytestmark = pytest.mark.django_db

@@ -13,9 +13,9 @@ import textwrap
 import pytest
 
 from workflows import sdk
-from workflows.errors import ValidationFailed
 from workflows.registry import registry
-from workflows.states import TaskState as S
+from workflows.rules.errors import ValidationFailed
+from workflows.rules.states import TaskState as S
 from workflows.testing import run_workflow
 
 # An author's pilot_workflows.py: a payload serializer of JSON fields, a plain
@@ -118,7 +118,7 @@ def test_its_json_fields_refuse_a_string_where_the_payload_needs_a_number(author
 
 
 def test_every_sdk_name_is_the_object_of_the_module_that_defines_it():
-    homes = ("workflows.registry", "workflows.errors", "workflows.fields",
+    homes = ("workflows.registry", "workflows.rules.errors", "workflows.rules.fields",
              "workflows.engine.context")
     for name in sdk.__all__:
         value = getattr(sdk, name)

@@ -1,7 +1,6 @@
 import random
 
-from workflows.backoff import backoff_ceiling, backoff_delay
-from workflows.registry import RetryPolicy
+from workflows.rules.backoff import RetryPolicy, backoff_ceiling, backoff_delay
 
 POLICY = RetryPolicy(max_attempts=10, initial=0.5, factor=2.0, max_delay=10.0)
 

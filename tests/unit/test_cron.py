@@ -1,10 +1,10 @@
-"""Cron arithmetic (workflows/cron.py): what is accepted, and which slots are due."""
+"""Cron arithmetic (workflows/rules/cron.py): what is accepted, and which slots are due."""
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from workflows.cron import (
+from workflows.rules.cron import (
     CronInvalid,
     cron_latest_slots,
     cron_next,

@@ -1,13 +1,13 @@
 import pytest
 
-from workflows.errors import ValidationFailed
-from workflows.fingerprint import (
+from workflows.rules.errors import ValidationFailed
+from workflows.rules.fingerprint import (
     canonical_json,
     derive_key,
     fingerprint,
     payload_depth,
 )
-from workflows.keys import normalize_key
+from workflows.rules.keys import normalize_key
 
 
 def test_canonical_json_sorts_keys_and_drops_whitespace():

@@ -1,4 +1,4 @@
-"""The idempotency key rule (workflows/keys.py): the pattern the OpenAPI schema
+"""The idempotency key rule (workflows/rules/keys.py): the pattern the OpenAPI schema
 publishes and the function every door goes through say the same thing."""
 
 import re
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from workflows.errors import IdempotencyKeyInvalid
-from workflows.keys import (
+from workflows.rules.errors import IdempotencyKeyInvalid
+from workflows.rules.keys import (
     KEY_PATTERN,
     KEY_SCHEMA,
     MAX_KEY_INPUT_LENGTH,

@@ -4,8 +4,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework import serializers
 
-from workflows.errors import NonRetryableError, RetryableError, UnknownWorkflow
 from workflows.registry import Registry, Workflow, registry
+from workflows.rules.errors import NonRetryableError, RetryableError, UnknownWorkflow
 
 
 def noop(ctx):

@@ -1,10 +1,12 @@
 """A real webhook receiver for tests: an HTTP server on a free loopback port,
 in a thread of the test process, that records every request and answers as
-the test scripts it (status and delay per attempt of each webhook-id)."""
+the test scripts it (status and delay per attempt of each webhook-id). And a
+tarpit: a port that accepts every connection and never answers."""
 
 from __future__ import annotations
 
 import dataclasses
+import socket
 import threading
 import time
 from collections import defaultdict
@@ -79,3 +81,45 @@ class Receiver:
     def ids(self) -> list[str]:
         with self.lock:
             return sorted({r.message_id for r in self.received})
+
+
+class Tarpit:
+    """A loopback port that accepts every TCP connection and then never reads
+    nor answers — the slowest receiver there is. `accepted` counts the
+    connections (the fault landed)."""
+
+    def __init__(self, path: str = "/hooks"):
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}{path}"
+        self.accepted = 0
+        self.held: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        self.listener.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            with self.lock:
+                self.accepted += 1
+                self.held.append(conn)
+
+    def __enter__(self) -> Tarpit:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        with self.lock:
+            for conn in self.held:
+                conn.close()
+        self.listener.close()

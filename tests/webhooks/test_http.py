@@ -1,7 +1,8 @@
 """One delivery attempt over real sockets: a 2xx is success, anything else is
-a failure with its reason; no redirect is followed; the whole attempt is
-bounded by the timeout even against a receiver that trickles bytes; a
-non-public target is never connected to."""
+a failure with its reason; no redirect is followed; the whole attempt — the
+DNS lookup included — is bounded by one deadline, even against a receiver
+that trickles bytes or a resolver that takes its time; a non-public target is
+never connected to."""
 
 import socket
 import threading
@@ -10,7 +11,8 @@ import time
 import pytest
 from django.test import override_settings
 
-from tests.webhooks.receiver import Receiver
+from tests.support.slow_dns import slow_dns
+from tests.webhooks.receiver import Receiver, Tarpit
 from workflows.webhooks.http import USER_AGENT, post_once
 
 BODY = b'{"id":"t"}'
@@ -127,3 +129,43 @@ def test_a_non_public_target_is_refused_at_send_time_without_a_connection():
     assert answer.status is None
     assert answer.error.startswith("refused: callback URL host 127.0.0.1 resolves to 127.0.0.1")
     assert receiver.received == []
+
+
+def test_a_slow_dns_lookup_is_inside_the_attempts_deadline_not_before_it():
+    """A 3 s lookup under a 0.5 s timeout: the attempt ends at 0.5 s, saying
+    why (it took the whole 3 s before the lookup was inside the deadline)."""
+    with Receiver() as receiver, slow_dns("slow.test", 3.0) as lookups:
+        port = receiver.url.split(":")[2].split("/")[0]
+        started = time.monotonic()
+        answer = post_once(f"http://hooks.slow.test:{port}/hooks", BODY, {}, timeout=0.5)
+        took = time.monotonic() - started
+    assert lookups[-1] == ("hooks.slow.test", 3.0)  # the fault landed
+    assert (answer.ok, answer.status) == (False, None)
+    assert answer.error == ("no answer within 0.5 s (the DNS lookup of hooks.slow.test did "
+                            "not finish)")
+    assert took < 1.0 and answer.ms < 1000
+    assert receiver.received == []
+
+
+def test_a_slow_lookup_and_a_slow_receiver_share_one_deadline():
+    """0.4 s of DNS, then a receiver that never answers: the attempt still ends
+    at its 1 s deadline, not 0.4 s + 1 s."""
+    with Tarpit() as tarpit, slow_dns("slow.test", 0.4):
+        started = time.monotonic()
+        answer = post_once(f"http://tarpit.slow.test:{tarpit.port}/hooks", BODY, {},
+                           timeout=1.0)
+        took = time.monotonic() - started
+    assert tarpit.accepted == 1  # it got as far as the receiver
+    assert answer.status is None and answer.error == "no answer within 1 s"
+    assert 0.9 < took < 1.3
+
+
+def test_a_deadline_set_by_the_caller_is_the_one_kept():
+    """The sender's attempt started at its claim: what the claim took is no
+    longer the receiver's to use."""
+    with Tarpit() as tarpit:
+        started = time.monotonic()
+        answer = post_once(tarpit.url, BODY, {}, timeout=5.0, deadline=started + 0.3)
+        took = time.monotonic() - started
+    assert answer.status is None and "no answer within 5 s" in answer.error
+    assert took < 0.8

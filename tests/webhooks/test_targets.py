@@ -4,13 +4,14 @@ registration and again at each send (workflows/webhooks/targets.py)."""
 import pytest
 from django.test import override_settings
 
-from workflows.errors import ValidationFailed
+from workflows.rules.errors import ValidationFailed
 from workflows.webhooks.targets import (
     TargetRefused,
     address_is_public,
     target_addresses,
     target_parse,
     target_validate,
+    targets_check,
 )
 
 
@@ -94,3 +95,77 @@ def test_a_refusal_names_the_field_it_is_about():
         target_validate("ftp://x.example.com/", field="webhook")
     assert set(refused.value.errors) == {"webhook"}
     assert refused.value.detail.startswith("webhook must be an http")
+
+
+def teredo(server: str, client: str) -> str:
+    """A Teredo address (2001::/32) for a server and a client, the client's
+    address obfuscated (inverted) as RFC 4380 says."""
+    import ipaddress
+
+    value = (0x20010000 << 96) | (int(ipaddress.IPv4Address(server)) << 64) \
+        | (0xFFFFFFFF ^ int(ipaddress.IPv4Address(client)))
+    return str(ipaddress.IPv6Address(value))
+
+
+@pytest.mark.parametrize("address", [
+    "2002:7f00:1::", "2002:a9fe:a9fe::", "2002:a00:1::1", "2002:c0a8:101::",  # 6to4
+    teredo("65.54.227.120", "127.0.0.1"), teredo("10.0.0.1", "8.8.8.8"),     # Teredo
+    teredo("65.54.227.120", "169.254.169.254"),
+    "fec0::1", "fec0:0:0:ffff::1", "feff::1",                                  # site-local
+    "::127.0.0.1", "::10.0.0.1", "::8.8.8.8",                                  # IPv4-compatible
+    "::ffff:7f00:1", "::ffff:169.254.169.254",                                 # IPv4-mapped
+    "64:ff9b::7f00:1", "64:ff9b::a9fe:a9fe", "64:ff9b::a00:1",                 # NAT64
+    "64:ff9b:1::808:808", "3fff::1", "100::1",                     # local-use NAT64, docs, discard
+])
+def test_every_special_ipv6_range_is_judged_by_what_it_reaches(address):
+    """Whatever this Python's `ipaddress.is_global` says (3.11.7 called 6to4 and
+    site-local addresses global): issue 31, N7."""
+    assert not address_is_public(address)
+    with override_settings(PILOT_WEBHOOK_ALLOW_PRIVATE=False), \
+            pytest.raises(ValidationFailed, match="not a public address"):
+        target_validate(f"http://[{address}]/")
+
+
+@pytest.mark.parametrize("address", ["2002:808:808::", "64:ff9b::808:808",
+                                     teredo("65.54.227.120", "8.8.4.4")])
+def test_a_6to4_nat64_or_teredo_address_of_a_public_ipv4_is_public(address):
+    assert address_is_public(address)
+
+
+def test_port_zero_is_refused_and_the_port_allow_list_holds(settings):
+    settings.PILOT_WEBHOOK_ALLOW_PRIVATE = False
+    with pytest.raises(ValidationFailed, match="port 0 is not allowed"):
+        target_validate("http://8.8.8.8:0/")
+    assert target_validate("http://8.8.8.8:6379/") == "http://8.8.8.8:6379/"
+    settings.PILOT_WEBHOOK_PORTS = "443, 8000-8999"
+    for url in ("http://8.8.8.8:6379/", "http://8.8.8.8/", "https://8.8.8.8:9000/"):
+        with pytest.raises(ValidationFailed, match="PILOT_WEBHOOK_PORTS: 443, 8000-8999"):
+            target_validate(url)
+    for url in ("https://8.8.8.8/", "http://8.8.8.8:8000/", "https://8.8.8.8:8999/x"):
+        assert target_validate(url) == url
+    with pytest.raises(TargetRefused, match="port 6379"):  # at send time too
+        target_addresses(target_parse("http://8.8.8.8:6379/"))
+    checked = targets_check(["http://8.8.8.8:6379/", "https://8.8.8.8/"])
+    assert isinstance(checked["http://8.8.8.8:6379/"], ValidationFailed)
+    assert checked["https://8.8.8.8/"] == "https://8.8.8.8/"
+
+
+@pytest.mark.parametrize("spec", ["http", "0", "70000", "9000-8000", "443,,80", " - "])
+def test_a_malformed_port_list_is_a_check_error_and_refuses_every_port(settings, spec):
+    from workflows.checks import pilot_webhook_egress
+
+    settings.PILOT_WEBHOOK_PORTS = spec
+    assert [e.id for e in pilot_webhook_egress(None)] == ["pilot.E031"]
+    with pytest.raises(ValidationFailed, match="not allowed"):
+        target_validate("https://8.8.8.8/")
+
+
+@pytest.mark.parametrize("proxy, ok", [("http://proxy.internal:3128", True),
+                                       ("https://proxy.internal:3128", False),
+                                       ("proxy.internal:3128", False), ("http://:99", False),
+                                       ("http://p:99999", False)])
+def test_the_proxy_setting_must_be_an_http_url(settings, proxy, ok):
+    from workflows.checks import pilot_webhook_egress
+
+    settings.PILOT_WEBHOOK_PROXY = proxy
+    assert [e.id for e in pilot_webhook_egress(None)] == ([] if ok else ["pilot.E032"])

@@ -14,7 +14,7 @@ from tests.support.helpers import audit, drain, pop_queued
 from workflows.engine import faults
 from workflows.engine.triggers import task_trigger
 from workflows.models import DemoOrder, StepCheckpoint, Task, TaskReplay
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 from workflows.worker import run_task
 
 pytestmark = pytest.mark.django_db(transaction=True)

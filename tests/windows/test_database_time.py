@@ -10,13 +10,12 @@ import pytest
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from tests.support.helpers import pop_queued
-from workflows.engine.claims import task_claim
+from tests.support.helpers import pop_queued, task_claim
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.triggers import task_trigger
-from workflows.errors import RetryableError
 from workflows.models import Task
-from workflows.states import TaskState as S
+from workflows.rules.errors import RetryableError
+from workflows.rules.states import TaskState as S
 from workflows.worker import run_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -109,3 +108,36 @@ def test_an_idempotency_key_expires_by_the_databases_clock(owner, skew, seconds)
     Task.objects.filter(pk=first.pk).update(expires_at=Now() - timedelta(seconds=1))
     again = task_trigger(owner=owner, key=key, workflow="demo.echo", payload={})
     assert again.outcome == "created" and again.task.pk != first.pk
+
+
+@pytest.mark.parametrize("seconds", [-60, 60])
+def test_cleanup_judges_expiry_by_the_databases_clock(owner, skew, seconds):
+    """Review turn 3, F4: cleanup on a host whose clock ran a minute ahead
+    deleted a key with 30 s left by the database; the upstream's retry then made
+    a second task and ran the workflow again."""
+    from workflows.engine.cleanup import tasks_cleanup
+
+    key = uuid.uuid4().hex
+    first = task_trigger(owner=owner, key=key, workflow="demo.echo", payload={}).task
+    [message] = pop_queued()
+    assert run_task(message) == "succeeded"
+    Task.objects.filter(pk=first.pk).update(expires_at=Now() + timedelta(seconds=30),
+                                            finished_at=Now() - timedelta(seconds=30))
+    skew(seconds)
+    assert tasks_cleanup().tasks == 0
+    assert tasks_cleanup(older_than=timedelta(seconds=45)).tasks == 0  # finished 30 s ago
+    assert task_trigger(owner=owner, key=key, workflow="demo.echo",
+                        payload={}).outcome == "replayed"  # the key is still remembered
+    assert tasks_cleanup(older_than=timedelta(seconds=15)).tasks == 1
+    assert not Task.objects.filter(pk=first.pk).exists()
+
+
+@pytest.mark.parametrize("seconds", [-60, 60])
+def test_the_backlog_gauge_counts_due_retries_by_the_databases_clock(retrying, skew, seconds):
+    from workflows.selectors import task_backlog
+
+    skew(seconds)
+    _due_in(retrying, 30)
+    assert task_backlog()[0] == 0
+    _due_in(retrying, -0.001)
+    assert task_backlog()[0] == 1

@@ -18,17 +18,25 @@ from datetime import timedelta
 import pytest
 from django.db import connection, connections, transaction
 
-from tests.support.helpers import audit, drain, expire_lease, in_thread, pop_queued, wait_for
-from workflows.engine.claims import task_claim, task_resume
+from tests.support.helpers import (
+    audit,
+    drain,
+    expire_lease,
+    in_thread,
+    pop_queued,
+    task_claim,
+    task_resume,
+    wait_for,
+)
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.leases import Refused, classify
 from workflows.engine.operations import task_cancel, task_retry
-from workflows.engine.runner import task_run
+from workflows.engine.run import task_run
 from workflows.engine.store import rows, store
 from workflows.engine.triggers import task_trigger
-from workflows.errors import CancelRequested, LeaseLost, NonRetryableError
 from workflows.models import StepCheckpoint, Task
-from workflows.states import TaskState as S
+from workflows.rules.errors import CancelRequested, LeaseLost, NonRetryableError
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

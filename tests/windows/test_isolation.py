@@ -14,13 +14,13 @@ from workflows.engine import faults
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.loop import dispatcher_loop
 from workflows.engine.operations import task_cancel
-from workflows.engine.runner import RunReport, task_run
+from workflows.engine.run import RunReport, task_run
 from workflows.engine.store import store
 from workflows.engine.triggers import task_trigger
-from workflows.errors import CancelRequested, LeaseLost, RetryableError
 from workflows.models import StepCheckpoint, Task, TaskTransition
 from workflows.registry import registry
-from workflows.states import TaskState as S
+from workflows.rules.errors import CancelRequested, LeaseLost, RetryableError
+from workflows.rules.states import TaskState as S
 from workflows.worker import run_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -136,7 +136,7 @@ def test_one_failing_row_does_not_stop_the_dispatcher(owner, monkeypatch):
     logged, counted, rolled back alone; the other rows are still handled, and
     the pass completes (the re-enqueue scan after it still runs)."""
     tasks = [trigger(owner, "demo.echo") for _ in range(3)]
-    from workflows.engine.claims import task_claim
+    from tests.support.helpers import task_claim
 
     for task in tasks:
         task_claim(task_id=task.pk, worker="dead")

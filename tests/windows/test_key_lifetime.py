@@ -16,15 +16,14 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from tests.support.helpers import drain, expire_lease, pop_queued
-from workflows.engine.claims import task_claim
+from tests.support.helpers import drain, expire_lease, pop_queued, task_claim
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.operations import task_cancel
 from workflows.engine.triggers import TriggerRequest, task_trigger, task_trigger_many
-from workflows.errors import NonRetryableError
 from workflows.models import Task
 from workflows.registry import DEFAULT_IDEMPOTENCY_TTL, registry
-from workflows.states import TaskState as S
+from workflows.rules.errors import NonRetryableError
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -195,3 +194,36 @@ def test_the_migration_gives_existing_tasks_their_workflows_ttl(owner, temp_work
         executor.migrate(executor.loader.graph.leaf_nodes())
     assert dict(Task.objects.values_list("idempotency_key", "idempotency_ttl")) == {
         "known": PROMISED, "gone": DEFAULT_IDEMPOTENCY_TTL, "plain": DEFAULT_IDEMPOTENCY_TTL}
+
+
+@pytest.mark.postgres
+def test_a_fast_path_replay_and_cleanups_delete_of_its_task_at_the_expiry_instant(owner):
+    """Review turn 3, F8: the PostgreSQL fast path read the task without a lock
+    and logged a replay of it; a cleanup that judged the key expired a moment
+    later deleted the task under it, and the replay's commit failed its foreign
+    key (IntegrityError: a 500). The replay's statement now holds the row FOR
+    KEY SHARE until it commits, so cleanup's SKIP LOCKED passes it by. The
+    window: the replay's statement has run and not committed (its transaction
+    held open here), the key expires by the database's clock, cleanup runs."""
+    from django.db import transaction
+    from django.db.models.functions import Now
+
+    from tests.support.helpers import in_thread
+    from workflows.engine.cleanup import tasks_cleanup
+    from workflows.engine.store import store
+    from workflows.worker import run_task
+
+    task = trigger(owner, "demo.echo")
+    [message] = pop_queued()
+    assert run_task(message) == "succeeded"
+    Task.objects.filter(pk=task.pk).update(expires_at=Now() + timedelta(milliseconds=300))
+    with transaction.atomic():
+        replay = task_trigger(owner=owner, key=task.idempotency_key, workflow="demo.echo",
+                              payload={})
+        assert replay.outcome == "replayed"  # the fast path's statement ran: the key was live
+        expires_at = Task.objects.filter(pk=task.pk).values_list("expires_at", flat=True).get()
+        while store().db_now() <= expires_at:  # the key expires by the database's clock
+            pass
+        assert in_thread(lambda: tasks_cleanup().tasks) == 0  # the held row is passed by
+    assert Task.objects.get(pk=task.pk).replays == 1  # the replay committed, counted
+    assert tasks_cleanup().tasks == 1  # and the expired task goes at the next cleanup

@@ -17,7 +17,7 @@ from workflows.engine.cleanup import tasks_delete
 from workflows.engine.replays import replays_fold
 from workflows.engine.triggers import task_trigger
 from workflows.models import Task, TaskReplay
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -18,9 +18,9 @@ from tests.support.helpers import pop_queued, wait_for
 from workflows.engine import faults
 from workflows.engine.loop import dispatcher_loop
 from workflows.engine.triggers import task_trigger
-from workflows.errors import RetryableError
 from workflows.models import Task, TaskReplay, TaskTransition
-from workflows.states import TaskState as S
+from workflows.rules.errors import RetryableError
+from workflows.rules.states import TaskState as S
 from workflows.worker import run_task
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

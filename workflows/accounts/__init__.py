@@ -8,13 +8,19 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
+from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.db import transaction
+from django.db.models import Q
 from django.db.models.functions import Now
+from django.utils import timezone
 
+from workflows.accounts.vault import SecretUnreadable, secret_open, secret_seal
+from workflows.conf import pilot_settings
 from workflows.models.token import ApiToken, token_digest, token_generate
 from workflows.webhooks.signing import webhook_secret_new
 from workflows.webhooks.targets import target_validate
@@ -24,8 +30,15 @@ class ApiClientRefused(Exception):
     """`api_client_create` will not attach a token to this account."""
 
 
-def api_client_create(name: str, *, rotate: bool = False,
-                      allow_staff: bool = False) -> tuple[object, str | None]:
+def is_system_owner(user) -> bool:
+    """PILOT's own owners (`cli`, `scheduler`): they own the runs the CLI and the
+    schedules start, of every origin, so a token on one would read them all."""
+    return user.get_username() in SYSTEM_OWNERS
+
+
+def api_client_create(name: str, *, rotate: bool = False, allow_staff: bool = False,
+                      overlap: bool = True,
+                      expires_in: timedelta | None = None) -> tuple[object, str | None]:
     """Ensure an upstream client: a user without a password, with the trigger
     permission (`workflows.add_task`) and an API token (stored hashed:
     models.token).
@@ -36,10 +49,14 @@ def api_client_create(name: str, *, rotate: bool = False,
     tasks), and nobody should get that by a typo in NAME.
 
     Returns (user, token_key). token_key is the new token when one was created
-    (first call, or `rotate=True`, which invalidates the old one at once), and
-    None when the existing token was kept: only its hash is stored, so it can
-    be shown once, never again."""
+    (first call, or `rotate=True`: see `api_token_issue` for what becomes of
+    the old one, `overlap` and `expires_in`), and None when the existing token
+    was kept: only its hash is stored, so it can be shown once, never again."""
     User = get_user_model()
+    if name in SYSTEM_OWNERS:
+        raise ApiClientRefused(
+            f"{name!r} is one of PILOT's own owners (the runs the CLI and the schedules "
+            "start belong to it): a token would read every one of them. Choose another NAME.")
     with transaction.atomic():
         user, created = User.objects.get_or_create(username=name)
         if not created and (user.is_staff or user.is_superuser) and not allow_staff:
@@ -56,17 +73,39 @@ def api_client_create(name: str, *, rotate: bool = False,
         existing = ApiToken.objects.select_for_update().filter(user=user).first()
         if existing and not rotate:
             return user, None
-        return user, api_token_issue(user)
+        return user, api_token_issue(user, overlap=overlap, expires_in=expires_in)
 
 
-def api_token_issue(user) -> str:
-    """A new API token for `user`, replacing any it had (which stops working at
-    once). Returns the secret: the only time it exists outside the caller's
-    hands, since only its hash is stored."""
+def _overlap_end(now: datetime, overlap: bool) -> datetime | None:
+    seconds = float(pilot_settings.PILOT_ROTATION_OVERLAP_SECONDS)
+    return now + timedelta(seconds=seconds) if overlap and seconds > 0 else None
+
+
+def api_token_issue(user, *, overlap: bool = True, expires_in: timedelta | None = None) -> str:
+    """A new API token for `user` (expiring after `expires_in`, if given).
+
+    The token it replaces keeps authenticating until PILOT_ROTATION_OVERLAP_SECONDS
+    from now (or its own earlier expiry), so the upstream system can switch over
+    without a refused request; with `overlap=False` (a token that leaked), or
+    an overlap of 0, it stops at once. Only the newest replaced token overlaps:
+    any older one is deleted. Returns the secret: the only time it exists
+    outside the caller's hands, since only its hash is stored."""
     key, visible = token_generate()
+    now = timezone.now()
     with transaction.atomic():
-        ApiToken.objects.filter(user=user).delete()
-        ApiToken.objects.create(user=user, prefix=visible, digest=token_digest(key))
+        tokens = list(ApiToken.objects.select_for_update().filter(user=user)
+                      .order_by("-created_at", "-pk"))
+        until = _overlap_end(now, overlap)
+        keep = tokens[0] if tokens and until is not None else None
+        replaced = ApiToken.objects.filter(user=user)
+        if keep is not None:
+            replaced = replaced.exclude(pk=keep.pk)
+        replaced.delete()
+        if keep is not None:
+            ApiToken.objects.filter(pk=keep.pk).filter(
+                Q(expires_at__isnull=True) | Q(expires_at__gt=until)).update(expires_at=until)
+        ApiToken.objects.create(user=user, prefix=visible, digest=token_digest(key),
+                                expires_at=now + expires_in if expires_in else None)
     return key
 
 
@@ -76,17 +115,22 @@ def client_webhook_check(url: str | None) -> None:
         target_validate(url, field="webhook")
 
 
-def client_webhook_ensure(user, *, url: str | None = None,
-                          rotate_secret: bool = False) -> tuple[object, str | None]:
+def client_webhook_ensure(user, *, url: str | None = None, rotate_secret: bool = False,
+                          overlap: bool = True) -> tuple[object, str | None]:
     """Ensure `user` has a webhook signing secret, and set its default endpoint
     when `url` is given ("" removes it). The URL is checked like a trigger's
     callback_url (http(s), a public host; ValidationFailed otherwise) and
     applies to tasks triggered from now on.
 
     Returns (ClientWebhook, secret): secret is the new `whsec_…` when one was
-    created (first call, or `rotate_secret=True`, which replaces the old one
-    at once: deliveries from then on are signed with the new one), None when the
-    existing secret was kept — secrets are shown once."""
+    created (first call, or `rotate_secret=True`), None when the existing
+    secret was kept — secrets are shown once. Stored sealed (accounts.vault).
+
+    A rotation keeps the replaced secret signing beside the new one until
+    PILOT_ROTATION_OVERLAP_SECONDS from now (every delivery then carries both
+    signatures, `v1,<new> v1,<old>`, as Standard Webhooks allows), so a
+    receiver verifies with either while it is switched over; `overlap=False`
+    (a secret that leaked), or an overlap of 0, drops the old one at once."""
     from workflows.models import ClientWebhook
 
     client_webhook_check(url)
@@ -95,18 +139,65 @@ def client_webhook_ensure(user, *, url: str | None = None,
         new_secret = None
         if hook is None:
             new_secret = webhook_secret_new()
-            hook = ClientWebhook.objects.create(owner=user, secret=new_secret,
+            hook = ClientWebhook.objects.create(owner=user, secret=secret_seal(new_secret),
                                                 url=url or "")
             return hook, new_secret
-        changes = {}
+        changes: dict[str, object] = {}
         if rotate_secret:
-            new_secret = changes["secret"] = webhook_secret_new()
+            new_secret = webhook_secret_new()
+            until = _overlap_end(timezone.now(), overlap)
+            changes.update(secret=secret_seal(new_secret),
+                           previous_secret=hook.secret if until else "",
+                           previous_until=until)
         if url is not None:
             changes["url"] = url
         if changes:
             ClientWebhook.objects.filter(pk=hook.pk).update(**changes, updated_at=Now())
             hook.refresh_from_db()
     return hook, new_secret
+
+
+def client_signing_secrets(owner_id, now: datetime) -> tuple[str, ...]:
+    """The secrets a delivery of `owner_id`'s tasks is signed with at `now`: the
+    current one, then the one a rotation replaced while its overlap lasts. ()
+    when the client has none — or when none can be opened (the keys changed:
+    logged as `webhook_secret_unreadable`), which a send reports as unsigned."""
+    from workflows.models import ClientWebhook
+    from workflows.observability.events import Event, emit
+
+    row = (ClientWebhook.objects.filter(owner_id=owner_id)
+           .values_list("secret", "previous_secret", "previous_until").first())
+    if row is None:
+        return ()
+    current, previous, until = row
+    sealed = [current] + ([previous] if previous and until is not None and until > now else [])
+    try:
+        return tuple(secret_open(value) for value in sealed)
+    except SecretUnreadable as exc:
+        emit(Event.WEBHOOK_SECRET_UNREADABLE, level=logging.ERROR, owner_id=owner_id,
+             error=str(exc))
+        return ()
+
+
+def client_secrets_reseal() -> int:
+    """Seal every client's secrets again under the first key of PILOT_SECRETS_KEYS
+    (after a new key was put first), one row lock at a time; returns how many
+    rows were rewritten. SecretUnreadable (nothing changed for that row or the
+    ones after it) when a row opens with none of the keys."""
+    from workflows.accounts.vault import secret_reseal
+    from workflows.models import ClientWebhook
+
+    count = 0
+    for owner_id in ClientWebhook.objects.values_list("owner_id", flat=True):
+        with transaction.atomic():
+            hook = ClientWebhook.objects.select_for_update().filter(owner_id=owner_id).first()
+            if hook is None:
+                continue
+            ClientWebhook.objects.filter(pk=hook.pk).update(
+                secret=secret_reseal(hook.secret),
+                previous_secret=secret_reseal(hook.previous_secret))
+            count += 1
+    return count
 
 
 def api_client_scope(user) -> list[str]:
@@ -168,6 +259,20 @@ def cli_owner_get(username: str | None = None):
 
 
 SCHEDULER_OWNER = "scheduler"
+SYSTEM_OWNERS = frozenset({CLI_OWNER, SCHEDULER_OWNER})
+
+
+def schedule_owner_problem(user) -> str:
+    """Why `user` may not own a schedule's runs ("" if it may): a superuser's
+    runs would be read and acted on with every permission, and a deactivated
+    client's should stop, not go on."""
+    if user is None or not getattr(user, "pk", None):
+        return "An existing user is required."
+    if not user.is_active:
+        return f"{user.get_username()} is inactive: its schedules do not run."
+    if user.is_superuser:
+        return f"{user.get_username()} is a superuser: a schedule may not run as one."
+    return ""
 
 
 def scheduler_owner_get(username: str | None = None):

@@ -66,7 +66,7 @@ from django.core.exceptions import PermissionDenied
 from django.dispatch import receiver
 
 from workflows.conf import pilot_settings
-from workflows.observability.events import emit
+from workflows.observability.events import Event, emit
 from workflows.observability.shared_cache import CacheFailure, cache_soft, cache_strict
 
 _PREFIX = "pilot:login:"
@@ -97,14 +97,14 @@ def client_ip(request) -> str:
     if proxies and "direct" not in _proxy_warned:
         # Fewer hops than proxies: this request did not come through them.
         _proxy_warned.add("direct")
-        emit("proxy_setting_suspect", level=logging.WARNING, trusted_proxies=proxies,
+        emit(Event.PROXY_SETTING_SUSPECT, level=logging.WARNING, trusted_proxies=proxies,
              forwarded_hops=len(hops),
              hint="a request reached the app without passing the trusted proxies; "
                   "if clients can reach it directly, X-Forwarded-For can be forged: "
                   "see docs/security.md")
     elif not proxies and hops and "ignored" not in _proxy_warned:
         _proxy_warned.add("ignored")
-        emit("proxy_setting_suspect", level=logging.WARNING, trusted_proxies=0,
+        emit(Event.PROXY_SETTING_SUSPECT, level=logging.WARNING, trusted_proxies=0,
              forwarded_hops=len(hops),
              hint="requests carry X-Forwarded-For but PILOT_TRUSTED_PROXIES=0: behind a "
                   "proxy every client shares its address; see docs/security.md")
@@ -211,7 +211,7 @@ def _failure_record(username, ip, device, now) -> float:
     entries = [_count(counter, now) for counter in counters]
     locked = max(_remaining(entry, now) for entry in entries)
     if locked:
-        emit("login_locked_out", username=username, client_ip=ip,
+        emit(Event.LOGIN_LOCKED_OUT, username=username, client_ip=ip,
              known_device=device is not None, failures=entries[0]["failures"],
              seconds=round(locked))
     return locked
@@ -233,7 +233,7 @@ def login_lockouts_clear(*, username: str, ip: str | None = None) -> None:
     if ip is not None:
         keys += [_key("pair", _norm(username), ip), _key("ip", ip)]
     cache_strict("login unlock", lambda: cache.delete_many(keys))
-    emit("login_unlocked", username=username, client_ip=ip)
+    emit(Event.LOGIN_UNLOCKED, username=username, client_ip=ip)
 
 
 # --- the current-password check (/admin/password_change/) ------------------------------------
@@ -256,7 +256,7 @@ def password_check_failure_record(user, *, now: float | None = None) -> float:
     entry = cache_soft("password check failure count", lambda: _count(counter, now), None)
     locked = _remaining(entry, now)
     if locked:
-        emit("password_check_locked_out", username=user.get_username(),
+        emit(Event.PASSWORD_CHECK_LOCKED_OUT, username=user.get_username(),
              failures=entry["failures"], seconds=round(locked))  # type: ignore[index]  # locked: counted
     return locked
 
@@ -281,11 +281,11 @@ class LockoutBackend(BaseBackend):
         try:
             remaining = login_lockout_remaining(username=username, ip=ip, device=device)
         except CacheFailure as exc:
-            emit("login_refused_unavailable", level=logging.WARNING, username=username,
+            emit(Event.LOGIN_REFUSED_UNAVAILABLE, level=logging.WARNING, username=username,
                  client_ip=ip, cache_error=exc.kind)
             _refuse(request, REFUSED_UNAVAILABLE, 0.0)
         if remaining:
-            emit("login_refused_locked_out", username=username, client_ip=ip,
+            emit(Event.LOGIN_REFUSED_LOCKED_OUT, username=username, client_ip=ip,
                  known_device=device is not None)
             _refuse(request, REFUSED_LOCKED, remaining)
         return

@@ -26,8 +26,8 @@ from workflows.engine import (
     task_retry,
     transition_permission,
 )
-from workflows.errors import PilotError
 from workflows.models import StepCheckpoint, Task
+from workflows.rules.errors import PilotError
 
 
 @dataclasses.dataclass(frozen=True)

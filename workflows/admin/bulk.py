@@ -37,7 +37,7 @@ from django.utils.dateparse import parse_datetime
 from workflows.admin.actions import ACTIONS, OperatorAction, actions_apply, actions_plan
 from workflows.admin.audit import action_message, console_action_log
 from workflows.admin.list_params import MAX_OFFSET, list_params_check, problems_text
-from workflows.states import TaskState
+from workflows.rules.states import TaskState
 
 CHUNK = 200
 SAMPLE = 25

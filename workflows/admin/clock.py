@@ -13,7 +13,7 @@ from datetime import datetime
 
 from django.db.models.functions import Now
 
-from workflows.engine.store import store
+from workflows.engine import database_now
 
 # For querysets: each row carries the database's now (`pilot_now`), read by the
 # statement that read the row.
@@ -22,4 +22,4 @@ DB_NOW = Now()
 
 def console_now() -> datetime:
     """The database's time, now (one query)."""
-    return store().db_now()
+    return database_now()

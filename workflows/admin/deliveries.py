@@ -1,10 +1,14 @@
 """Completion webhooks on the task page (docs/webhooks.md): each delivery with
 its attempts, and the operator's re-send.
 
-`delivery_views(task)` reads a task's deliveries (one query, only when the
-task has an endpoint) and shapes each attempt for the template — an attempt
-counted but without a recorded outcome is one whose sender was lost (or is in
-flight right now). `resend_view` is `<task>/webhook/<delivery>/resend/`: GET
+`delivery_views(task, now)` reads a task's deliveries (one query, only when
+the task has an endpoint; one more when one is pending) and shapes each
+attempt for the template — an attempt counted but without a recorded outcome
+is one whose sender was lost (or is in flight right now) — and what a pending
+one waits for: its endpoint paused by the circuit breaker (until when, after
+how many failures), or a free slot (its client's or endpoint's attempts in
+flight at their cap; docs/webhooks.md, "Slow and failing receivers"). `now`
+is the database's. `resend_view` is `<task>/webhook/<delivery>/resend/`: GET
 shows what would happen, POST calls the engine (`delivery_resend`), logs the
 console action and returns to the task page with the outcome.
 """
@@ -12,6 +16,7 @@ console action and returns to the task page with the outcome.
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
@@ -23,8 +28,8 @@ from django.utils.dateparse import parse_datetime
 from workflows.admin.audit import action_message, console_action_log
 from workflows.admin.forms import ReasonForm
 from workflows.engine import LOG_ENTRIES, RESEND_PERMISSION, delivery_resend
-from workflows.errors import PilotError
-from workflows.models import WebhookDelivery
+from workflows.models import DeliveryState, WebhookDelivery, WebhookEndpoint
+from workflows.rules.errors import PilotError
 
 
 @dataclasses.dataclass
@@ -41,6 +46,8 @@ class AttemptView:
 class DeliveryView:
     delivery: WebhookDelivery
     attempts: list[AttemptView]
+    paused: WebhookEndpoint | None = None  # its endpoint, while the breaker pauses it
+    waiting: bool = False  # due, owed a message: waits for a free slot
 
 
 def _attempts(delivery: WebhookDelivery) -> list[AttemptView]:
@@ -60,11 +67,24 @@ def _attempts(delivery: WebhookDelivery) -> list[AttemptView]:
     return views
 
 
-def delivery_views(task) -> list[DeliveryView]:
+def delivery_views(task, now: datetime) -> list[DeliveryView]:
     if not task.callback_url:
         return []
-    return [DeliveryView(d, _attempts(d))
-            for d in WebhookDelivery.objects.filter(task_id=task.pk).order_by("id")]
+    deliveries = list(WebhookDelivery.objects.filter(task_id=task.pk).order_by("id"))
+    endpoints = {d.endpoint for d in deliveries if d.state == DeliveryState.PENDING
+                 and d.endpoint}
+    paused = {row.key: row for row in WebhookEndpoint.objects.filter(
+        key__in=endpoints, paused_until__gt=now)} if endpoints else {}
+    views = []
+    for d in deliveries:
+        view = DeliveryView(d, _attempts(d))
+        if d.state == DeliveryState.PENDING:
+            view.paused = None if d.resend_owed else paused.get(d.endpoint)
+            view.waiting = (view.paused is None and d.enqueued_at is None
+                            and d.next_attempt_at <= now
+                            and (d.claimed_until is None or d.claimed_until <= now))
+        views.append(view)
+    return views
 
 
 def can_resend(user) -> bool:

@@ -15,11 +15,13 @@ import re
 import uuid
 
 from django import forms
+from django.forms.fields import InvalidJSONInput
 from django.urls import reverse
 from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
-from workflows.errors import (
+from workflows.registry import registry
+from workflows.rules.errors import (
     IdempotencyKeyInvalid,
     IdempotencyKeyMissing,
     IdempotencyKeyReused,
@@ -29,7 +31,6 @@ from workflows.errors import (
     UnknownWorkflow,
     ValidationFailed,
 )
-from workflows.registry import registry
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
@@ -81,12 +82,34 @@ def parse_payload(text: str):
     return value
 
 
+class PayloadField(forms.JSONField):
+    """A JSON box that reads its text with `parse_payload`: a number of 5 000
+    digits, nesting deeper than the parser follows or an unpaired surrogate is
+    a form error, and the box shows back what was typed — never a value the
+    page could not encode."""
+
+    def to_python(self, value):
+        if self.disabled or not isinstance(value, str):
+            return super().to_python(value)
+        if value.strip() == "":
+            return None
+        return parse_payload(value)
+
+    def bound_data(self, data, initial):
+        if self.disabled or data is None:
+            return super().bound_data(data, initial)
+        try:
+            return parse_payload(data)
+        except forms.ValidationError:
+            return InvalidJSONInput(_SURROGATE.sub("\ufffd", data))
+
+
 class TriggerForm(forms.Form):
     """Workflow, idempotency key (a fresh UUID each time the form is shown) and
     a JSON object payload."""
 
     workflow = forms.ChoiceField(choices=_workflow_choices)
-    # No length or pattern here: the engine applies the key rule (workflows.keys),
+    # No length or pattern here: the engine applies the key rule (workflows.rules.keys),
     # so a key is refused with the same words here as through the API.
     idempotency_key = forms.CharField(
         initial=_fresh_key, strip=False,

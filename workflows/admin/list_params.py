@@ -19,7 +19,7 @@ from datetime import UTC, date, timedelta
 from django.http import QueryDict
 from django.utils.dateparse import parse_date, parse_datetime
 
-from workflows.states import TaskState
+from workflows.rules.states import TaskState
 
 MAX_OFFSET = timedelta(hours=15, minutes=59)  # what PostgreSQL's timestamptz accepts
 _DIGITS = re.compile(r"[0-9]{1,18}")
@@ -41,7 +41,7 @@ def _state(value: str) -> str:
         f"must be one of {', '.join(TaskState.values)}"
 
 
-def _moment(value: str) -> str:
+def moment_problem(value: str) -> str:
     """A date or date-time PostgreSQL can compare with (year 1-9999 in UTC,
     offset within ±15:59)."""
     try:
@@ -80,8 +80,8 @@ CHECKS = {
     "state__exact": _state,
     "workflow": _workflow,
     "owner": _int_in(1, 2**63 - 1),
-    "created_at__gte": _moment,
-    "created_at__lt": _moment,
+    "created_at__gte": moment_problem,
+    "created_at__lt": moment_problem,
     # 9998: Django's date hierarchy adds a year (or 32 days) to find the range's end.
     "created_at__year": _int_in(1, 9998),
     "created_at__month": _int_in(1, 12),

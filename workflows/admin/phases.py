@@ -19,7 +19,7 @@ import re
 from datetime import datetime, timedelta
 
 from workflows.admin.text import seconds_text
-from workflows.states import TaskState
+from workflows.rules.states import TaskState
 
 # The audit reason of schedule_retry and recover: "…; retry in 0.089s".
 _RETRY_DELAY = re.compile(r"retry in (\d+(?:\.\d+)?)s\b")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rest_framework import serializers
 from rest_framework.fields import empty
 
-# DRF field classes (and subclasses such as workflows.fields.JSONInteger) by the
+# DRF field classes (and subclasses such as workflows.rules.fields.JSONInteger) by the
 # JSON type a client must send, with the example value of that type.
 _JSON_TYPES = [
     (serializers.BooleanField, "boolean", False), (serializers.IntegerField, "integer", 1),

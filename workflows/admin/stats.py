@@ -14,7 +14,7 @@ from django.db.models import Count, Max, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import TruncHour
 
 from workflows.models import Task, TaskReplay, TaskTransition
-from workflows.states import TaskState
+from workflows.rules.states import TaskState
 
 RETRY_TRANSITIONS = ("schedule_retry", "recover")
 

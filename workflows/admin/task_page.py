@@ -24,10 +24,10 @@ from workflows.admin.phases import WAITING, task_phases, waits_before
 from workflows.admin.pictures.timeline import task_timeline
 from workflows.admin.text import duration_text
 from workflows.conf import pilot_settings
-from workflows.engine.store.rows import CANCELLED_WHILE_RUNNING
+from workflows.engine import CANCELLED_WHILE_RUNNING
 from workflows.models import StepCheckpoint, TaskReplay, TaskTransition
 from workflows.registry import registry
-from workflows.states import StepState, TaskState
+from workflows.rules.states import StepState, TaskState
 
 # What the runner writes on the step a cancel stopped; such a step is shown as
 # cancelled, not failed.
@@ -175,7 +175,7 @@ def task_page(task, *, now: datetime) -> dict:
         "panel": now_panel(task, steps, plan, phases),
         "history": history,
         "replays": replays,
-        "deliveries": delivery_views(task),
+        "deliveries": delivery_views(task, now),
         "timeline_svg": task_timeline(task, phases, steps, now=now),
         "workflow_known": registry.find(task.workflow) is not None,
     }

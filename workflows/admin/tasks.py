@@ -53,8 +53,8 @@ from workflows.admin.text import (
     timestamp_field,
 )
 from workflows.models import StepCheckpoint, Task, TaskTransition
+from workflows.rules.states import LEASED_STATES, StepState, TaskState
 from workflows.selectors import can_view_all, tasks_visible_to
-from workflows.states import LEASED_STATES, StepState, TaskState
 
 ERROR_CHARS = 120
 KEY_CHARS = 28

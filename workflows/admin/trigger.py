@@ -15,9 +15,9 @@ from workflows.admin.audit import console_action_log
 from workflows.admin.forms import TriggerForm
 from workflows.admin.schema import payload_example
 from workflows.engine import CREATED, REPLAYED, task_trigger
-from workflows.errors import PilotError
 from workflows.registry import registry
-from workflows.states import Source
+from workflows.rules.errors import PilotError
+from workflows.rules.states import Source
 
 TRIGGER_PERMISSION = "workflows.add_task"  # the same permission the API asks for
 

@@ -26,14 +26,14 @@ from django.db.models import Count, Min, OuterRef, Q, Subquery
 from django_q.conf import Conf
 from django_q.signing import BadSignature, SignedPackage
 
-from workflows.engine.enqueue import broker, uses_orm_broker
+from workflows.engine import broker, uses_orm_broker
 from workflows.models import StepCheckpoint, Task
-from workflows.observability.events import emit
-from workflows.states import LEASED_STATES, StepState, TaskState
+from workflows.observability.events import Event, emit
+from workflows.rules.states import LEASED_STATES, StepState, TaskState
 
 # Redis: how many messages at the head of the list are decoded to find the
 # oldest (front-pushed retries sit before the oldest new trigger).
-REDIS_SAMPLE = 200
+SAMPLE = 200
 MAX_RUNNING_SHOWN = 200
 
 
@@ -117,7 +117,7 @@ def cluster_stats() -> tuple[list, str]:
     try:
         packs = _stat_packs()
     except Exception as exc:  # noqa: BLE001 - any cache or Redis failure
-        emit("worker_stats_unavailable", level=logging.WARNING,
+        emit(Event.WORKER_STATS_UNAVAILABLE, level=logging.WARNING,
              error=f"{type(exc).__name__}: {exc}"[:300])
         return [], f"cluster status unavailable: {type(exc).__name__}"
     stats = []
@@ -131,6 +131,19 @@ def cluster_stats() -> tuple[list, str]:
     return stats, ""
 
 
+def _oldest_started(packages) -> datetime | None:
+    """The earliest send time (`started`) among these messages' packages."""
+    oldest = None
+    for raw in packages:
+        try:
+            started = SignedPackage.loads(raw).get("started")
+        except Exception:  # noqa: BLE001,S112 - a foreign message: skip it
+            continue
+        if isinstance(started, datetime) and (oldest is None or started < oldest):
+            oldest = started
+    return oldest
+
+
 def queue_state(now: datetime) -> QueueState:
     """Depth and oldest message of this cluster's queue on the broker in use."""
     try:
@@ -138,23 +151,21 @@ def queue_state(now: datetime) -> QueueState:
             from django_q.models import OrmQ
 
             b = broker()
-            rows = OrmQ.objects.using(Conf.ORM).filter(key=b.list_key).aggregate(
-                waiting=Count("pk", filter=Q(lock__lte=now)),
-                in_flight=Count("pk", filter=Q(lock__gt=now)),
-                oldest=Min("lock", filter=Q(lock__lte=now)))
+            queue = OrmQ.objects.using(Conf.ORM).filter(key=b.list_key)
+            # `lock` is a fixed past time (enqueue.VISIBLE_AT_ONCE), not the send
+            # time: the oldest waiting message (the first in, the ORM broker has
+            # no front) says when it was sent in its package.
+            rows = queue.aggregate(waiting=Count("pk", filter=Q(lock__lte=now)),
+                                   in_flight=Count("pk", filter=Q(lock__gt=now)),
+                                   first=Min("pk", filter=Q(lock__lte=now)))
+            first = (queue.filter(pk=rows["first"]).values_list("payload", flat=True)
+                     if rows["first"] is not None else [])
             return QueueState("ORM (database)", b.list_key, rows["waiting"], rows["in_flight"],
-                              rows["oldest"])
+                              _oldest_started(first))
         b = broker()
         depth = b.connection.llen(b.list_key)
-        oldest = None
-        for raw in b.connection.lrange(b.list_key, 0, REDIS_SAMPLE - 1):
-            try:
-                started = SignedPackage.loads(raw).get("started")
-            except Exception:  # noqa: BLE001,S112 - a foreign message: skip it
-                continue
-            if isinstance(started, datetime) and (oldest is None or started < oldest):
-                oldest = started
-        return QueueState("Redis", b.list_key, depth, None, oldest)
+        return QueueState("Redis", b.list_key, depth, None,
+                          _oldest_started(b.connection.lrange(b.list_key, 0, SAMPLE - 1)))
     except Exception as exc:  # noqa: BLE001 - a broker outage is shown, not raised
         return QueueState("ORM (database)" if uses_orm_broker() else "Redis", "", None, None,
                           None, error=f"{type(exc).__name__}: {exc}"[:200])

@@ -15,8 +15,8 @@ from workflows.admin.pictures.diagram import state_diagram
 from workflows.admin.schema import payload_fields
 from workflows.admin.text import ttl_text
 from workflows.registry import registry
+from workflows.rules.states import TaskState
 from workflows.selectors import can_view_all, tasks_visible_to
-from workflows.states import TaskState
 
 RATE_WINDOW = timedelta(hours=24)
 

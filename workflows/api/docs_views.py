@@ -55,8 +55,8 @@ SPECTACULAR = {
     "SCHEMA_PATH_PREFIX": None,
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "workflows.api.schema.strict_request_bodies"],
-    "ENUM_NAME_OVERRIDES": {"TaskStateEnum": "workflows.states.TaskState",
-                            "StepStateEnum": "workflows.states.StepState"},
+    "ENUM_NAME_OVERRIDES": {"TaskStateEnum": "workflows.rules.states.TaskState",
+                            "StepStateEnum": "workflows.rules.states.StepState"},
 }
 
 def _mounted(name: str) -> str | None:

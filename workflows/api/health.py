@@ -3,7 +3,9 @@
 /healthz answers 200 while the process serves requests.
 
 /readyz answers "can this web node accept triggers?" A trigger needs the
-database (one `SELECT 1`): without it, 503 `unavailable`. It does not need the
+database, and one that takes writes: without it, or while it is read-only (a
+PostgreSQL standby after a failover, or `default_transaction_read_only` on),
+503 `unavailable` (`"database": "read-only"` in `degraded`). It does not need the
 broker — a task committed while Redis is down is enqueued by the dispatcher
 once it is back — nor a reachable cache (the rate limits degrade, logged), so
 those are reported in the body as degraded details with a 200, and a load
@@ -29,7 +31,6 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, connection
 from drf_spectacular.utils import OpenApiResponse, inline_serializer
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
@@ -38,10 +39,11 @@ from rest_framework.response import Response
 from workflows.api.base import PilotAPIView, documented
 from workflows.api.problems import pilot_error_response
 from workflows.api.serializers import ProblemSerializer
+from workflows.database import database_state
 from workflows.engine import uses_orm_broker
-from workflows.errors import Unavailable
-from workflows.observability.events import emit
+from workflows.observability.events import Event, emit
 from workflows.observability.shared_cache import cache_probe, describe
+from workflows.rules.errors import Unavailable
 
 _Status = inline_serializer("HealthStatus", {
     "status": serializers.CharField(),
@@ -63,14 +65,10 @@ class HealthzView(_Open):
         return Response({"status": "ok"})
 
 
-def _database_ok() -> bool:
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-            return cursor.fetchone() == (1,)
-    except DatabaseError:
-        connection.close()  # let the next request reconnect
-        return False
+def _database_state() -> str:
+    """"ok", "read-only" (every transaction would refuse a write: a standby, or
+    `default_transaction_read_only`) or "unreachable". One statement."""
+    return database_state()
 
 
 _broker_clients: dict = {}
@@ -104,27 +102,33 @@ class ReadyzView(_Open):
         (503, "application/problem+json"): OpenApiResponse(ProblemSerializer,
                                                            description="Problem: unavailable")})
     def get(self, request):
-        database = _database_ok()
+        database_state = _database_state()
+        database = database_state == "ok"
         degraded: dict[str, str] = {}
+        if database_state == "read-only":
+            degraded["database"] = "read-only"
+            emit(Event.READINESS_DEGRADED, level=logging.WARNING, component="database",
+                 state="read-only", error="transaction_read_only is on")
         if not uses_orm_broker():
             error = _broker_error()
             if error:
                 degraded["broker"] = "unreachable"
-                emit("readiness_degraded", level=logging.WARNING, component="broker",
+                emit(Event.READINESS_DEGRADED, level=logging.WARNING, component="broker",
                      state="unreachable", error=error)
         cache_state, error = cache_probe()
         if cache_state != "ok":
             degraded["cache"] = cache_state
-            emit("readiness_degraded", level=logging.WARNING, component="cache",
+            emit(Event.READINESS_DEGRADED, level=logging.WARNING, component="cache",
                  state=cache_state, error=error)
         checks = {"database": database,
-                  "broker": database if uses_orm_broker() else "broker" not in degraded,
+                  "broker": (database_state != "unreachable") if uses_orm_broker()
+                  else "broker" not in degraded,
                   "cache": cache_state == "ok"}
         down = [name for name, ok in (("database", database),
                                       ("cache", cache_state != "misconfigured")) if not ok]
         if down:
             detail = ", ".join(
-                "database unreachable" if name == "database" else "cache misconfigured"
+                f"database {database_state}" if name == "database" else "cache misconfigured"
                 for name in down)
             response = pilot_error_response(Unavailable(f"Not ready: {detail}"),
                                             headers={"Retry-After": "2"})

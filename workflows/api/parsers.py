@@ -14,7 +14,7 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 
 from workflows.conf import pilot_settings
-from workflows.errors import PayloadTooLarge
+from workflows.rules.errors import PayloadTooLarge
 
 # Room for the envelope around the payload (workflow name, task_id, ...).
 ENVELOPE_BYTES = 64 * 1024

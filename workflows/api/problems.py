@@ -6,7 +6,7 @@ Every error response is `application/problem+json`:
      "detail": ..., "code": "<code>", "errors": {...}?}
 
 `code` is stable and machine-readable; clients branch on it, never on text.
-Domain errors (`workflows.errors.PilotError`) carry their own code and status;
+Domain errors (`workflows.rules.errors.PilotError`) carry their own code and status;
 DRF's and Django's are given one here; a database outage is a 503
 `unavailable`; anything unexpected is logged and answered with a bare 500
 problem — never a stack trace.
@@ -18,14 +18,14 @@ import logging
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
-from django.db import InterfaceError, OperationalError
+from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import Http404, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
 from workflows.api.throttling import RateLimited
-from workflows.errors import PilotError, Unavailable, plain_errors
+from workflows.rules.errors import PilotError, Unavailable, plain_errors
 
 log = logging.getLogger("pilot.api")
 
@@ -81,6 +81,37 @@ def _detail_text(detail) -> str:
     return str(detail)
 
 
+# SQLSTATE read_only_sql_transaction: PostgreSQL refused a write because the
+# transaction is read-only — a standby, or default_transaction_read_only.
+_READ_ONLY_SQLSTATE = "25006"
+
+
+def database_read_only(exc: BaseException) -> bool:
+    """Whether `exc` is a database's refusal to write because it is read-only."""
+    if not isinstance(exc, DatabaseError):
+        return False
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) == _READ_ONLY_SQLSTATE or (
+        "readonly database" in str(exc))  # SQLite: "attempt to write a readonly database"
+
+
+def _database_unavailable(exc) -> Response | None:
+    """A 503 for a database that cannot take the request now; None for any
+    other error (database errors that are bugs stay 500s)."""
+    if database_read_only(exc):
+        # A standby after a failover (or default_transaction_read_only): no
+        # write can succeed here until the node reaches a primary again.
+        log.warning("database read-only: %s", exc)
+        return pilot_error_response(Unavailable("The database is read-only (a standby?); "
+                                                "retry shortly"), headers={"Retry-After": "2"})
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        # Connection-level failures: the database is down or restarting.
+        log.warning("database unavailable: %s", exc)
+        return pilot_error_response(Unavailable("The database is unavailable; retry shortly"),
+                                    headers={"Retry-After": "2"})
+    return None
+
+
 def problem_exception_handler(exc, context):
     """DRF's EXCEPTION_HANDLER: every exception raised in an API view becomes a
     problem response."""
@@ -113,12 +144,9 @@ def problem_exception_handler(exc, context):
             detail = "Rate limit exceeded; retry after the number of seconds in Retry-After"
         return problem_response(code=code, status=exc.status_code, title=title, detail=detail,
                                 headers=headers)
-    if isinstance(exc, (OperationalError, InterfaceError)):
-        # Connection-level failures: the database is down or restarting. Other
-        # database errors are bugs and fall through to a 500.
-        log.warning("database unavailable: %s", exc)
-        return pilot_error_response(Unavailable("The database is unavailable; retry shortly"),
-                                    headers={"Retry-After": "2"})
+    unavailable = _database_unavailable(exc)
+    if unavailable is not None:
+        return unavailable
     log.exception("unhandled error in %s", context.get("view").__class__.__name__)
     return problem_response(code="internal_error", status=500, title="Internal error",
                             detail="An unexpected error occurred; it has been logged")

@@ -20,7 +20,7 @@ from workflows.api.serializers import (
     TaskSerializer,
 )
 from workflows.engine import MAX_BATCH
-from workflows.keys import KEY_SCHEMA, MAX_KEY_LENGTH
+from workflows.rules.keys import KEY_SCHEMA, MAX_KEY_LENGTH
 
 # status -> the codes that status carries
 CODES = {

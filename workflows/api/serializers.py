@@ -14,10 +14,10 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from workflows.engine import MAX_BATCH
-from workflows.keys import KEY_SCHEMA
 from workflows.models import DeliveryState, StepCheckpoint, Task
 from workflows.representation import delivery_data, task_deliveries
-from workflows.states import TaskState
+from workflows.rules.keys import KEY_SCHEMA
+from workflows.rules.states import TaskState
 
 
 def is_unicode(text: str) -> bool:
@@ -81,7 +81,7 @@ class PayloadField(serializers.DictField):
 @extend_schema_field(KEY_SCHEMA)
 class KeyField(StringField):
     """An idempotency key as sent, unchanged (not stripped, "" passed on): its rule
-    is applied by the engine (workflows.keys), so a key is refused with the same
+    is applied by the engine (workflows.rules.keys), so a key is refused with the same
     code, `idempotency_key_invalid`, whichever door it came through. The schema
     states the rule (KEY_SCHEMA)."""
 

@@ -1,15 +1,18 @@
 """`Authorization: Token <key>` against PILOT's hashed tokens (models.token).
 
 DRF's TokenAuthentication, looking the key up by its SHA-256 instead of in
-plain text. A missing, unknown or malformed key, or one of an inactive user,
+plain text. A missing, unknown or malformed key, one past its `expires_at`
+(a rotation's overlap ended, or its own expiry), or one of an inactive user,
 is a 401 `not_authenticated` (api.problems), as with DRF's own class.
 """
 
 from __future__ import annotations
 
+from django.utils import timezone
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
+from workflows.accounts import is_system_owner
 from workflows.models.token import ApiToken, token_digest
 
 
@@ -22,6 +25,10 @@ class ApiTokenAuthentication(TokenAuthentication):
             token = ApiToken.objects.select_related("user").get(digest=token_digest(key))
         except ApiToken.DoesNotExist:
             raise AuthenticationFailed("Invalid token.") from None
+        if token.expires_at is not None and token.expires_at <= timezone.now():
+            raise AuthenticationFailed("Token expired.")
+        if is_system_owner(token.user):  # a token made before names were refused
+            raise AuthenticationFailed("Invalid token.")
         if not token.user.is_active:
             raise AuthenticationFailed("User inactive or deleted.")
         return token.user, token

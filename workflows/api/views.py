@@ -37,14 +37,19 @@ from workflows.engine import (
     task_trigger,
     task_trigger_many,
 )
-from workflows.errors import IdempotencyKeyMismatch, PilotError, ValidationFailed, plain_errors
-from workflows.keys import normalize_key
 from workflows.models import StepCheckpoint
 from workflows.observability.middleware import request_trace_context
 from workflows.registry import registry
 from workflows.representation import task_data
+from workflows.rules.errors import (
+    IdempotencyKeyMismatch,
+    PilotError,
+    ValidationFailed,
+    plain_errors,
+)
+from workflows.rules.keys import normalize_key
+from workflows.rules.states import Source
 from workflows.selectors import task_get_for, tasks_filtered_for
-from workflows.states import Source
 
 MAX_BATCH_BODY_BYTES = 16 * 1024 * 1024
 

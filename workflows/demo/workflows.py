@@ -8,10 +8,16 @@ import os
 
 from rest_framework import serializers
 
-from workflows.errors import NonRetryableError, RetryableError
-from workflows.fields import JSONBoolean, JSONInteger, JSONNumber, JSONString
 from workflows.models import DemoLedger, DemoOrder
-from workflows.registry import define_workflow
+from workflows.sdk import (
+    JSONBoolean,
+    JSONInteger,
+    JSONNumber,
+    JSONString,
+    NonRetryableError,
+    RetryableError,
+    define_workflow,
+)
 
 # --- demo.echo ------------------------------------------------------------------------
 

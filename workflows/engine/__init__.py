@@ -1,39 +1,51 @@
 """The engine: the only code that changes a task's state (docs/design.md,
 "Layers and doors").
 
-api/, admin/, management commands and worker.py call these functions; each one
-locks what it changes, applies a django-fsm transition, saves and audits inside
-one transaction, and says in its docstring what a second call does.
+api/, admin/, management commands, worker.py and testing.py call these
+functions; each one locks what it changes, applies a django-fsm transition,
+saves and audits inside one transaction, and says in its docstring what a
+second call does.
 
-The names below are the engine's doors, re-exported from the modules that
-define them: callers import them from here (`from workflows.engine import
-task_trigger`). The modules themselves are the engine's inside.
+The names below are the engine's face, re-exported from the modules that
+define them: doors import them from here (`from workflows.engine import
+task_trigger`) and never a module below it — import-linter holds that
+(pyproject.toml). The modules themselves are the engine's inside.
 """
 
-from workflows.engine.claims import task_claim, task_resume
-from workflows.engine.cleanup import CleanupReport, q_results_prune, tasks_cleanup
+from workflows.engine.cleanup import (
+    DEFAULT_BATCH as CLEANUP_DEFAULT_BATCH,
+)
+from workflows.engine.cleanup import (
+    DEFAULT_YIELD as CLEANUP_DEFAULT_YIELD,
+)
+from workflows.engine.cleanup import (
+    MAX_BATCH as CLEANUP_MAX_BATCH,
+)
+from workflows.engine.cleanup import q_results_prune, tasks_cleanup
 from workflows.engine.context import StepContext
 from workflows.engine.deliveries import (
     LOG_ENTRIES,
     RESEND_PERMISSION,
-    deliveries_enqueue_due,
     delivery_resend,
     delivery_send,
 )
-from workflows.engine.dispatcher import DispatchReport, dispatch_once
-from workflows.engine.enqueue import enqueue_on_commit, uses_orm_broker
+from workflows.engine.dispatcher import dispatch_once
+from workflows.engine.enqueue import broker, uses_orm_broker
+from workflows.engine.faults import POINTS as FAULT_POINTS
+from workflows.engine.faults import SimulatedCrash, fault_point
+from workflows.engine.faults import armed as fault_armed
 from workflows.engine.leases import worker_id
-from workflows.engine.loop import dispatcher_loop
+from workflows.engine.loop import dispatcher_loop, scheduler_loop
 from workflows.engine.operations import (
     task_cancel,
-    task_restart,
+    task_expire_lease,
     task_retry,
+    task_skip_backoff,
     transition_permission,
 )
 from workflows.engine.plans import cancel_plan, owed_compensations, retry_plan
-from workflows.engine.runner import RunReport, task_run, tasks_drain
+from workflows.engine.run import task_run
 from workflows.engine.schedule_definitions import (
-    SyncReport,
     schedule_delete,
     schedule_save,
     schedule_set_enabled,
@@ -41,43 +53,42 @@ from workflows.engine.schedule_definitions import (
     schedules_sync_after_migrate,
     schedules_sync_declared,
 )
-from workflows.engine.scheduler_loop import scheduler_loop
-from workflows.engine.schedules import ScheduleFireReport, database_now, schedules_fire_due
+from workflows.engine.schedules import schedules_fire_due
+from workflows.engine.store import database_now
+from workflows.engine.store.rows import CANCELLED_WHILE_RUNNING
 from workflows.engine.triggers import (
     CREATED,
     MAX_BATCH,
     REPLAYED,
-    TriggerOutcome,
     TriggerRequest,
-    payload_validate,
     task_trigger,
     task_trigger_many,
 )
 
 __all__ = [
+    "CANCELLED_WHILE_RUNNING",
+    "CLEANUP_DEFAULT_BATCH",
+    "CLEANUP_DEFAULT_YIELD",
+    "CLEANUP_MAX_BATCH",
     "CREATED",
+    "FAULT_POINTS",
     "LOG_ENTRIES",
     "MAX_BATCH",
     "REPLAYED",
     "RESEND_PERMISSION",
-    "CleanupReport",
-    "DispatchReport",
-    "RunReport",
-    "ScheduleFireReport",
+    "SimulatedCrash",
     "StepContext",
-    "SyncReport",
-    "TriggerOutcome",
     "TriggerRequest",
+    "broker",
     "cancel_plan",
     "database_now",
-    "deliveries_enqueue_due",
     "delivery_resend",
     "delivery_send",
     "dispatch_once",
     "dispatcher_loop",
-    "enqueue_on_commit",
+    "fault_armed",
+    "fault_point",
     "owed_compensations",
-    "payload_validate",
     "q_results_prune",
     "retry_plan",
     "schedule_delete",
@@ -89,15 +100,13 @@ __all__ = [
     "schedules_sync_after_migrate",
     "schedules_sync_declared",
     "task_cancel",
-    "task_claim",
-    "task_restart",
-    "task_resume",
+    "task_expire_lease",
     "task_retry",
     "task_run",
+    "task_skip_backoff",
     "task_trigger",
     "task_trigger_many",
     "tasks_cleanup",
-    "tasks_drain",
     "transition_permission",
     "uses_orm_broker",
     "worker_id",

@@ -5,26 +5,34 @@ their caps; otherwise the task stays `pending`/`retrying` and waits its turn
 without holding a worker:
 
 - PILOT_MAX_RUNNING_PER_CLIENT: at most this many of one client's (owner's)
-  tasks `running` at once (0: no cap);
+  tasks held by workers at once (0: no cap);
 - `define_workflow(..., max_running=N)`: this workflow's tasks get their own
   per-client cap of N, counted apart from the client's other tasks;
 - `define_workflow(..., concurrency=N)`: at most N tasks of this workflow
-  `running` at once, over every client.
+  held at once, over every client.
 
-Only `running` counts: a compensation or cancel phase is never held back (undo
-work must not queue behind the client's own backlog) and does not take a slot.
+"Held" is all the work a client makes the workers do: a task `running`, and a
+compensation or cancel phase (`compensating`, `cancelling`) under a live lease
+— a worker is undoing its steps, or still running the step a cancel stopped
+(review turn 3, security N5: one client's slow compensations held every
+worker, and a cancelled running task freed its slot while its worker still
+ran). Within one client undo work goes before new runs: a phase waiting for a
+worker (no live lease, no backoff left) reserves its client's slot, so a new
+run is claimed only while held + waiting undo < cap, and a take-over of a
+phase (`resume`) only while held < cap. The worker whose own running attempt
+was cancelled takes the phase over without a check: it holds the slot already.
 
 The caps travel to the database as one JSON value (`caps()`); the store
-decides there. On PostgreSQL a claim's final check (`pilot_claim_slot`,
-migration 0015) takes a transaction-scoped advisory lock per client (and per
-capped workflow) and counts the running tasks with a fresh snapshot, so two
-claims racing for a client's last slot are decided one after the other: the
-second sees the first's commit. SQLite has one writer at a time, so a count
-inside the claim's transaction is already exact.
+decides there. On PostgreSQL a claim's final check (`pilot_claim_slot_v2`,
+migration 0018) takes a transaction-scoped advisory lock per client (and per
+capped workflow) and counts with a fresh snapshot, so two claims racing for a
+client's last slot are decided one after the other: the second sees the
+first's commit. SQLite has one writer at a time, so a count inside the claim's
+transaction is already exact.
 
-A message whose claim a cap refused is consumed: the task is marked as owed
-one (`enqueued_at` NULL) and the dispatcher sends it when its client has a
-free slot again (`free_slots`), at most one per free slot — so a flood of one
+A message whose claim or take-over a cap refused is consumed: the task is
+marked as owed one (`enqueued_at` NULL) and the dispatcher sends it when its
+client has a free slot again, at most one per free slot — so a flood of one
 client costs each of its messages one refused claim, never a loop. Workers
 that finish a run also take the next claimable task straight from the table.
 """
@@ -36,7 +44,6 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import connection
 from django.db.models import Q
 
 from workflows.conf import pilot_settings
@@ -84,71 +91,101 @@ def cap_of(group: str, limits: dict[str, Any]) -> int:
 
 
 class Slots:
-    """The free slots as a snapshot of the running tasks: how many more of a
-    client's group, and of a workflow, may start. Used to choose (the
-    dispatcher's messages, the portable store's candidates); the claim itself
-    decides exactly."""
+    """The free slots as a snapshot: for each client's group and each workflow,
+    the tasks held (module docstring), and for each client's group the undo
+    work waiting for a worker. Used to choose (the dispatcher's messages, the
+    portable store's candidates); the claim itself decides exactly."""
 
-    def __init__(self, limits: dict[str, Any] | None, running: Iterable[tuple[Any, str]]):
+    def __init__(self, limits: dict[str, Any] | None,
+                 held: Iterable[tuple[Any, str]] = (),
+                 waiting_undo: Iterable[tuple[Any, str]] = ()):
         self.limits = limits
         self.by_group: Counter[tuple[Any, str]] = Counter()
+        self.undo_by_group: Counter[tuple[Any, str]] = Counter()
         self.by_workflow: Counter[str] = Counter()
         if limits is None:
             return
-        for owner_id, workflow in running:
+        for owner_id, workflow in held:
             self.by_group[(owner_id, group_of(workflow, limits))] += 1
             self.by_workflow[workflow] += 1
+        for owner_id, workflow in waiting_undo:
+            self.undo_by_group[(owner_id, group_of(workflow, limits))] += 1
 
     @classmethod
     def now(cls, limits: dict[str, Any] | None) -> Slots:
+        from django.db.models import BooleanField, Case, Value, When
+        from django.db.models.functions import Now
+
         from workflows.models import Task
-        from workflows.states import TaskState
+        from workflows.rules.states import COMPENSATION_STATES, TaskState
 
         if limits is None:
-            return cls(None, ())
-        return cls(limits, Task.objects.filter(state=TaskState.RUNNING)
-                   .values_list("owner_id", "workflow"))
+            return cls(None)
+        live = Q(lease_expires_at__gt=Now())
+        due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=Now())
+        rows = (Task.objects.filter(Q(state=TaskState.RUNNING)
+                                    | Q(state__in=COMPENSATION_STATES) & (live | due))
+                .annotate(pilot_held=Case(When(Q(state=TaskState.RUNNING) | live,
+                                               then=Value(True)),
+                                          default=Value(False), output_field=BooleanField()))
+                .values_list("owner_id", "workflow", "pilot_held"))
+        held: list[tuple[Any, str]] = []
+        waiting: list[tuple[Any, str]] = []
+        for owner_id, workflow, is_held in rows:
+            (held if is_held else waiting).append((owner_id, workflow))
+        return cls(limits, held, waiting)
 
-    def free(self, owner_id: Any, workflow: str) -> bool:
+    def _count(self, key: tuple[Any, str], undo: bool) -> int:
+        return self.by_group[key] + (0 if undo else self.undo_by_group[key])
+
+    def free(self, owner_id: Any, workflow: str, *, undo: bool = False) -> bool:
+        """May a task of `workflow` of this client start now — a new run, or
+        (`undo`) the take-over of a compensation phase?"""
         if self.limits is None:
             return True
         group = group_of(workflow, self.limits)
         cap = cap_of(group, self.limits)
-        if cap and self.by_group[(owner_id, group)] >= cap:
+        if cap and self._count((owner_id, group), undo) >= cap:
             return False
         total = self.limits["total"].get(workflow)
         return not (total and self.by_workflow[workflow] >= total)
 
-    def take(self, owner_id: Any, workflow: str) -> bool:
+    def take(self, owner_id: Any, workflow: str, *, undo: bool = False) -> bool:
         """Reserve a slot if one is free (for choosing several at once)."""
-        if not self.free(owner_id, workflow):
+        if not self.free(owner_id, workflow, undo=undo):
             return False
         self.reserve(owner_id, workflow)
+        if undo and self.limits is not None:  # it was waiting: now it is held instead
+            key = (owner_id, group_of(workflow, self.limits))
+            self.undo_by_group[key] = max(0, self.undo_by_group[key] - 1)
         return True
 
     def reserve(self, owner_id: Any, workflow: str, n: int = 1) -> None:
-        """Count `n` more as if running (say, tasks whose message is on its way:
-        it will try for the slot first)."""
+        """Count `n` more as held (say, tasks whose message is on its way: it
+        will try for the slot first)."""
         if self.limits is not None:
             self.by_group[(owner_id, group_of(workflow, self.limits))] += n
             self.by_workflow[workflow] += n
 
-    def blocked_owners(self) -> set[tuple[Any, str]]:
-        """(client, group) pairs at their cap."""
+    def blocked_owners(self, *, undo: bool = False) -> set[tuple[Any, str]]:
+        """(client, group) pairs at their cap, for new runs or (`undo`) for
+        take-overs of compensation phases."""
         if self.limits is None:
             return set()
-        return {key for key, n in self.by_group.items()
-                if cap_of(key[1], self.limits) and n >= cap_of(key[1], self.limits)}
+        limits = self.limits
+        return {key for key in set(self.by_group) | set(self.undo_by_group)
+                if cap_of(key[1], limits) and self._count(key, undo) >= cap_of(key[1], limits)}
 
 
-def blocked_q(slots: Slots) -> Q:
+def blocked_q(slots: Slots, *, undo: bool = False) -> Q:
     """Matches the tasks whose client's group or workflow is at its cap (as
-    `slots` saw the running tasks); matches nothing when nothing is."""
+    `slots` saw them) for new runs or (`undo`) for take-overs of compensation
+    phases; matches nothing when nothing is."""
     if slots.limits is None:
         return Q(pk__in=[])
     own = list(slots.limits["own"])
     blocked = Q(pk__in=[])
-    for owner_id, group in slots.blocked_owners():
+    for owner_id, group in slots.blocked_owners(undo=undo):
         same_group = Q(workflow=group) if group else ~Q(workflow__in=own)
         blocked |= Q(owner_id=owner_id) & same_group
     full = [w for w, n in slots.by_workflow.items()
@@ -158,39 +195,5 @@ def blocked_q(slots: Slots) -> Q:
     return blocked
 
 
-def slot_free_exact(owner_id: Any, workflow: str, limits: dict[str, Any] | None) -> bool:
-    """The portable store's final check, inside the claim's transaction: on
-    PostgreSQL under the same advisory locks as `pilot_claim_slot` (each count
-    a statement of its own, so it sees every claim committed before the lock was
-    granted); on SQLite the transaction already holds the only write lock."""
-    from workflows.models import Task
-    from workflows.states import TaskState
-
-    if limits is None:
-        return True
-    running = Task.objects.filter(state=TaskState.RUNNING)
-    group = group_of(workflow, limits)
-    cap = cap_of(group, limits)
-    if cap:
-        _lock(LOCK_CLIENT, str(owner_id))
-        mine = running.filter(owner_id=owner_id)
-        mine = (mine.filter(workflow=workflow) if group != DEFAULT_GROUP
-                else mine.exclude(workflow__in=list(limits["own"])))
-        if mine.count() >= cap:
-            return False
-    total = limits["total"].get(workflow)
-    if total:
-        _lock(LOCK_WORKFLOW, workflow)
-        if running.filter(workflow=workflow).count() >= total:
-            return False
-    return True
-
-
-def _lock(kind: int, key: str) -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [kind, key])
-
-
-__all__ = ["LOCK_CLIENT", "LOCK_WORKFLOW", "Slots", "blocked_q", "caps", "caps_json",
-           "slot_free_exact"]
+__all__ = ["DEFAULT_GROUP", "LOCK_CLIENT", "LOCK_WORKFLOW", "Slots", "blocked_q", "cap_of",
+           "caps", "caps_json", "group_of"]

@@ -7,9 +7,13 @@
      WHERE <finished and past the horizon> [AND workflow = …]
      LIMIT batch FOR UPDATE SKIP LOCKED
     -- re-check each locked row is still finished and past the horizon
-    DELETE steps, webhook deliveries, transitions, replays, then the tasks
-      (`tasks_delete`)
+    DELETE the ended webhook deliveries (a pending one outlives its task, its
+      body fixed first: delivery_retention.deliveries_outlive), steps, transitions,
+      replays, then the tasks (`tasks_delete`)
     COMMIT
+
+and then removes, in batches too, the deliveries that outlived their task and
+have ended since (`delivery_retention.deliveries_prune`).
 
 Why it is safe beside everything else that runs:
 - a trigger deciding on an expired key holds that row FOR UPDATE: cleanup skips
@@ -43,9 +47,11 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from django_q.models import Task as QResult
 
-from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition, WebhookDelivery
-from workflows.observability.events import emit
-from workflows.states import FINISHED_STATES
+from workflows.engine.delivery_retention import deliveries_outlive, deliveries_prune
+from workflows.engine.store import store
+from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition
+from workflows.observability.events import Event, emit
+from workflows.rules.states import FINISHED_STATES
 
 DEFAULT_YIELD = 1.0  # the command's default: half the database's time at most
 DEFAULT_BATCH = 1000
@@ -54,12 +60,14 @@ MAX_BATCH = 10000
 
 def tasks_delete(task_ids: list[Any]) -> int:
     """Delete the tasks and everything hanging off them, children first, in the
-    caller's transaction. Returns the number of tasks deleted. The caller
-    decides which ids are safe to delete (finished ones, under a lock)."""
+    caller's transaction — but a webhook delivery not yet delivered or given
+    up, which outlives its task (its body fixed from the task and steps first;
+    docs/webhooks.md). Returns the number of tasks deleted. The caller decides
+    which ids are safe to delete (finished ones, under a lock)."""
     if not task_ids:
         return 0
+    deliveries_outlive(task_ids)  # before the steps go: a body may need them
     StepCheckpoint.objects.filter(task_id__in=task_ids)._raw_delete(StepCheckpoint.objects.db)
-    WebhookDelivery.objects.filter(task_id__in=task_ids)._raw_delete(WebhookDelivery.objects.db)
     TaskTransition.objects.filter(task_id__in=task_ids)._raw_delete(TaskTransition.objects.db)
     TaskReplay.objects.filter(task_id__in=task_ids)._raw_delete(TaskReplay.objects.db)
     return Task.objects.filter(pk__in=task_ids)._raw_delete(Task.objects.db)
@@ -71,6 +79,7 @@ class CleanupReport:
     horizon: str  # what "old enough" meant, for the summary line
     tasks: int = 0  # deleted, or (dry run) that would be deleted
     batches: int = 0
+    deliveries: int = 0  # webhook deliveries that outlived their task and have ended
     q_results: int = 0
     seconds: float = 0.0
 
@@ -115,6 +124,9 @@ def tasks_cleanup(*, older_than: timedelta | None = None, workflow: str | None =
     longer ago than that), optionally of one `workflow`, `batch_size` per
     transaction (module docstring). Never touches an unfinished task.
 
+    Then deletes, `batch_size` per transaction, the webhook deliveries that
+    outlived their task and have ended since (`report.deliveries`).
+
     `dry_run` counts what would go and changes nothing. `progress(report)` is
     called after every batch. `yield_ratio` R pauses R times as long as each
     batch took before the next one, so a cleanup takes at most 1/(1+R) of the
@@ -124,13 +136,17 @@ def tasks_cleanup(*, older_than: timedelta | None = None, workflow: str | None =
     two never delete the same row."""
     if not 1 <= batch_size <= MAX_BATCH:
         raise ValueError(f"batch_size must be 1..{MAX_BATCH}")
-    now = now or timezone.now()
+    # The database's clock decides "expired", as it does for the trigger: a
+    # cleanup host whose clock runs ahead must not free a key a replay still
+    # finds (docs/design.md, "Time").
+    now = now or store().db_now()
     horizon = _Horizon(now, None if older_than is None else now - older_than, workflow)
     report = CleanupReport(dry_run=dry_run, horizon=horizon.describe())
     started = time.monotonic()
     if dry_run:
         report.tasks = horizon.queryset().count()
         report.batches = -(-report.tasks // batch_size)
+        report.deliveries = deliveries_prune(dry_run=True)
     else:
         while True:
             batch_started = time.monotonic()
@@ -139,7 +155,7 @@ def tasks_cleanup(*, older_than: timedelta | None = None, workflow: str | None =
                 break
             report.batches += 1
             report.tasks += deleted
-            emit("cleanup_batch", batch=report.batches, deleted=deleted,
+            emit(Event.CLEANUP_BATCH, batch=report.batches, deleted=deleted,
                  total_deleted=report.tasks, workflow=workflow,
                  duration_ms=round((time.monotonic() - batch_started) * 1000, 3))
             report.seconds = round(time.monotonic() - started, 3)
@@ -149,9 +165,10 @@ def tasks_cleanup(*, older_than: timedelta | None = None, workflow: str | None =
                 break  # the rest, if any, is locked by someone else (another cleanup)
             if yield_ratio:
                 time.sleep((time.monotonic() - batch_started) * yield_ratio)
+        report.deliveries = deliveries_prune(batch_size=batch_size)
     report.seconds = round(time.monotonic() - started, 3)
     if not dry_run:
-        emit("cleanup_finished", deleted=report.tasks, batches=report.batches,
+        emit(Event.CLEANUP_FINISHED, deleted=report.tasks, batches=report.batches,
              workflow=workflow, duration_ms=round(report.seconds * 1000, 3))
     return report
 
@@ -187,5 +204,5 @@ def q_results_prune(*, older_than: timedelta, batch_size: int = DEFAULT_BATCH,
         if len(ids) < batch_size:
             break
     if total:
-        emit("q_results_pruned", deleted=total)
+        emit(Event.Q_RESULTS_PRUNED, deleted=total)
     return total

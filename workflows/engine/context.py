@@ -22,23 +22,41 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import DatabaseError
 
 from workflows.conf import pilot_settings
 from workflows.engine import faults
-from workflows.engine.leases import Lease, Refused, classify, lease_length
-from workflows.engine.store import store
-from workflows.observability.events import emit
+from workflows.engine.leases import Lease, LeaseClock
+from workflows.observability.events import Event, emit
+
+
+class Holder(Protocol):
+    """What a step needs of the attempt that holds its task (run/held.py's
+    `Held`): fenced writes that raise the worker's signal when refused."""
+
+    renewal: LeaseClock
+
+    @property
+    def lease(self) -> Lease: ...
+
+    def renew(self) -> None: ...
+
+    def check(self) -> None: ...
+
+    def save_progress(self, index: int, progress: Any) -> None: ...
 
 
 class StepContext:
-    def __init__(self, *, lease: Lease, workflow: str, payload: dict[str, Any],
+    """A step's view of its run; its heartbeat and saved progress are writes of
+    the attempt that holds the task, fenced like every other."""
+
+    def __init__(self, *, held: Holder, task_id: str, workflow: str, payload: dict[str, Any],
                  outputs: dict[str, Any], attempt: int, step_index: int, step_name: str,
                  progress: Any = None, output: Any = None,
                  atomic: bool = False, compensating: bool = False) -> None:
-        self.task_id = str(lease.task_id)
+        self.task_id = task_id
         self.workflow = workflow
         self.payload = payload
         self.outputs = outputs
@@ -48,9 +66,14 @@ class StepContext:
         self.progress = progress
         self.output = output
         self.compensating = compensating
-        self._lease = lease
+        self._held = held
         self._atomic = atomic
         self._last_check = time.monotonic()
+
+    @property
+    def _lease(self) -> Lease:
+        """The lease this step runs under (its worker, its token), for tests."""
+        return self._held.lease
 
     @property
     def step_key(self) -> str:
@@ -72,22 +95,20 @@ class StepContext:
             now = time.monotonic()
             if force or now - self._last_check >= pilot_settings.PILOT_HEARTBEAT_SECONDS:
                 self._last_check = now
-                self._fenced(lambda: store().check(self._lease))
+                self._unless_unreachable(self._held.check)
             return
-        if not force and not self._lease.clock.due():
+        if not force and not self._held.renewal.due():
             return
         faults.fault_point("during_lease_renewal")
-        self._fenced(lambda: store().renew(self._lease, lease_length=lease_length()))
+        self._unless_unreachable(self._held.renew)
 
-    def _fenced(self, write: Callable[[], object]) -> None:
+    def _unless_unreachable(self, write: Callable[[], object]) -> None:
         try:
             write()
-        except Refused as refused:
-            raise classify(refused) from None
         except DatabaseError as exc:
             if self._atomic:
                 raise  # inside the step's transaction: it is lost anyway
-            emit("heartbeat_skipped", level=logging.WARNING, task_id=self.task_id,
+            emit(Event.HEARTBEAT_SKIPPED, level=logging.WARNING, task_id=self.task_id,
                  workflow=self.workflow, step=self.step_name,
                  error=f"{type(exc).__name__}: {exc}"[:300])
 
@@ -105,8 +126,5 @@ class StepContext:
         if self._atomic:
             raise RuntimeError("an atomic step commits all or nothing; it has no progress "
                                "to save")
-        try:
-            store().save_progress(self._lease, index=self.step_index, progress=progress)
-        except Refused as refused:
-            raise classify(refused) from None
+        self._held.save_progress(self.step_index, progress)
         self.progress = progress

@@ -12,11 +12,16 @@ One pass (`dispatch_once`) reads the database's clock once and then:
    worker, deferred by a compensation's backoff, or cancelled while waiting;
    a `cancelling` task with nothing to compensate is finished here;
 3. sends the messages a cap held back: a pending task whose claim a cap refused
-   gets one when its client (or workflow) has a free slot again (caps.py);
-4. wakes the workers when due `pending` tasks have waited PILOT_REENQUEUE_SECONDS
-   and no worker has claimed anything for as long (their messages were lost, or
-   every worker restarted): a few messages, since each woken worker drains the
-   queue. A task merely queued behind others gets no second message.
+   gets one when its client (or workflow) has a free slot again (caps.py) —
+   every client in turn, oldest owed task first, never the same first batch;
+4. re-sends lost messages, task by task: the oldest due `pending` tasks whose
+   message is older than PILOT_REENQUEUE_SECONDS (lost with a dead cluster's
+   prefetch, a failed push, a Redis restart — or only slow) get one more, at
+   most RESENDS_PER_PASS a pass (each client's oldest first, so no client
+   waits behind another's pile) and one per task per PILOT_REENQUEUE_SECONDS.
+   Whether other tasks are being claimed says nothing about this one (review
+   turn 3, F1: a fleet busy with runs longer than PILOT_DRAIN_SECONDS never
+   drained the table, and a lost task waited for the whole fleet's first lull);
 5. enqueues the completion webhooks that are due: retries whose backoff
    elapsed, lost messages, attempts whose sender died (deliveries.py).
 
@@ -43,7 +48,6 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Count, Min, Q, QuerySet
 
-from workflows.backoff import backoff_delay
 from workflows.conf import pilot_settings
 from workflows.engine.caps import Slots, blocked_q, caps
 from workflows.engine.deliveries import deliveries_enqueue_due
@@ -51,15 +55,19 @@ from workflows.engine.enqueue import enqueue_on_commit
 from workflows.engine.leases import worker_id
 from workflows.engine.plans import owed_compensations
 from workflows.engine.store import store
-from workflows.models import StepCheckpoint, Task, TaskTransition
-from workflows.observability.events import emit, emit_on_commit
-from workflows.registry import RetryPolicy, registry
-from workflows.states import COMPENSATION_STATES, StepState, TaskState
+from workflows.models import StepCheckpoint, Task
+from workflows.observability.events import Event, emit, emit_on_commit
+from workflows.registry import registry
+from workflows.rules.backoff import RetryPolicy, backoff_delay
+from workflows.rules.states import COMPENSATION_STATES, StepState, TaskState
 
 BATCH = 200
-# Messages that wake idle workers when due work waits and nobody claims any: each
-# woken worker drains the queue, so a few wake the whole fleet.
-WAKE_MESSAGES = 4
+# Lost messages re-sent per pass, oldest due first. A re-sent task also wakes a
+# worker that then drains the queue, so a few a pass make a fleet whose messages
+# were all lost busy again; and while messages are merely slow (a backlog older
+# than PILOT_REENQUEUE_SECONDS), the duplicates stay a handful a second — for the
+# tasks at the head of the queue, which they only take a moment earlier.
+RESENDS_PER_PASS = 4
 _DEFAULT_POLICY = RetryPolicy(max_attempts=1, initial=1.0, factor=2.0, max_delay=300.0)
 
 
@@ -98,7 +106,7 @@ def dispatch_once(*, batch: int = BATCH, actor: str | None = None) -> DispatchRe
     _recover_expired_leases(now, batch, actor, report)
     _enqueue_due(now, batch, actor, report)
     _enqueue_owed(now, batch, report)
-    _reenqueue_lost(now, batch, report)
+    _reenqueue_lost(now, report)
     report.deliveries_enqueued, full = deliveries_enqueue_due(now, batch=batch)
     report.full = report.full or full
     report.next_due = (Task.objects.filter(state__in=[TaskState.RETRYING, *COMPENSATION_STATES],
@@ -106,7 +114,7 @@ def dispatch_once(*, batch: int = BATCH, actor: str | None = None) -> DispatchRe
                        .aggregate(m=Min("next_attempt_at"))["m"])
     for action, count in report.as_dict().items():
         if count and action != "errors":
-            emit("dispatcher_action", action=action, count=count)
+            emit(Event.DISPATCHER_ACTION, action=action, count=count)
     return report
 
 
@@ -128,7 +136,7 @@ def _each(tasks: list[Task], report: DispatchReport, handle: Callable[[Task], No
                 handle(task)
         except Exception as exc:  # noqa: BLE001 - isolation: the next row still gets its turn
             report.errors += 1
-            emit("dispatcher_error", level=logging.ERROR, task_id=str(task.pk),
+            emit(Event.DISPATCHER_ERROR, level=logging.ERROR, task_id=str(task.pk),
                  workflow=task.workflow, error=f"{type(exc).__name__}: {exc}"[:300])
 
 
@@ -174,7 +182,7 @@ def _recover_expired_leases(now: datetime, batch: int, actor: str,
                           "lease expired with no attempts left",
                     error_type="LeaseExpired", now=now)
                 report.failed += 1
-            emit_on_commit("task_recovered", task_id=str(task.pk), workflow=task.workflow,
+            emit_on_commit(Event.TASK_RECOVERED, task_id=str(task.pk), workflow=task.workflow,
                            attempt=task.attempts, to_state=task.state,
                            trace_id=task.trace_id or None)
 
@@ -191,12 +199,14 @@ def _needs_message(now: datetime) -> Q:
 
 def _enqueue_due(now: datetime, batch: int, actor: str, report: DispatchReport) -> None:
     # A retry whose client or workflow is at its cap waits for a free slot
-    # (_enqueue_owed's rule): a message now would only be refused.
-    due_retry = (Q(state=TaskState.RETRYING, next_attempt_at__lte=now)
-                 & ~blocked_q(Slots.now(caps())))
+    # (_enqueue_owed's rule), and so does undo work (caps.py: a take-over needs
+    # a slot too): a message now would only be refused.
+    slots = Slots.now(caps())
+    due_retry = (Q(state=TaskState.RETRYING, next_attempt_at__lte=now) & ~blocked_q(slots))
     orphaned_phase = (Q(state__in=COMPENSATION_STATES)
                       & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
-                      & (Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)))
+                      & (Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
+                      & ~blocked_q(slots, undo=True))
     with transaction.atomic():
         tasks = _locked(Task.objects.filter(due_retry | orphaned_phase)
                         .filter(_needs_message(now)), batch, report)
@@ -214,11 +224,13 @@ def _enqueue_due(now: datetime, batch: int, actor: str, report: DispatchReport) 
                                    now=now)
                 report.cancels_finished += 1
                 return
-            to_enqueue.append(task.pk)
             if task.state == TaskState.RETRYING:
                 report.retries_enqueued += 1
-            else:
+            elif slots.take(task.owner_id, task.workflow, undo=True):
                 report.compensations_enqueued += 1
+            else:
+                return  # its client's slots went to undo work earlier in this batch
+            to_enqueue.append(task.pk)
 
         _each(tasks, report, settle)
         if to_enqueue:
@@ -232,60 +244,72 @@ def _enqueue_owed(now: datetime, batch: int, report: DispatchReport) -> None:
     A claim refused by a cap consumed its message and left the pending task
     owed one (`enqueued_at` NULL). When its client has a free slot again, the
     oldest owed tasks get one message per free slot — never more, so a flood of
-    one client does not turn into a loop of refused claims. (Workers finishing a
-    run usually claim the next one straight from the table first; a message
-    that arrives after that finds it running and is skipped.)"""
+    one client does not turn into a loop of refused claims. The clients are
+    chosen in SQL among those with a free slot, the one whose owed task waited
+    longest first, `batch` of them a pass (a cut list makes the loop run again
+    at once): clients at their cap never fill the list (review turn 3, F7).
+    (Workers finishing a run usually claim the next one straight from the table
+    first; a message that arrives after that finds it running and is skipped.)"""
     owed = Task.objects.filter(state=TaskState.PENDING, enqueued_at__isnull=True,
                                next_attempt_at__lte=now)
-    owners = list(owed.order_by().values_list("owner_id", flat=True).distinct()[:batch])
-    if not owners:
+    if not owed.exists():
         return
     slots = Slots.now(caps())
     # A message already on its way (the trigger's, or one sent here) will try for
     # the slot first: count it as taken until it is REENQUEUE_SECONDS old.
-    on_the_way = (Task.objects.filter(state=TaskState.PENDING, owner_id__in=owners,
-                                      enqueued_at__gte=_stale(now))
+    on_the_way = (Task.objects.filter(state=TaskState.PENDING, enqueued_at__gte=_stale(now))
                   .values_list("owner_id", "workflow").annotate(n=Count("pk")).order_by())
     for owner_id, workflow, n in on_the_way:
         slots.reserve(owner_id, workflow, n)
+    free = owed.exclude(blocked_q(slots))
+    owners = list(free.values("owner_id").annotate(first=Min("next_attempt_at"))
+                  .order_by("first", "owner_id").values_list("owner_id", flat=True)[:batch])
+    report.full = report.full or len(owners) == batch
     chosen = []
     for owner_id in owners:
-        for pk, workflow in (owed.filter(owner_id=owner_id).order_by("next_attempt_at")
+        for pk, workflow in (free.filter(owner_id=owner_id).order_by("next_attempt_at")
                              .values_list("pk", "workflow")[:batch]):
             if slots.take(owner_id, workflow):
                 chosen.append(pk)
     if not chosen:
         return
     with transaction.atomic():
-        ids = [t.pk for t in _locked(owed.filter(pk__in=chosen).only("pk"), batch, None)]
+        ids = [t.pk for t in _locked(owed.filter(pk__in=chosen).only("pk"), len(chosen), None)]
         if ids:
             Task.objects.filter(pk__in=ids).update(enqueued_at=now)
             enqueue_on_commit(ids, front=True)
     report.owed_enqueued += len(ids)
 
 
-def _reenqueue_lost(now: datetime, batch: int, report: DispatchReport) -> None:
-    """Wake the workers when due work waits and nobody is taking any.
+def _reenqueue_lost(now: datetime, report: DispatchReport) -> None:
+    """Re-send the messages that may be lost, task by task (module docstring, 4).
 
-    Workers take the next due task from the table after every message (the
-    database is the queue), so a task queued behind others is not lost: it is
-    claimed when a worker gets to it, and sending it another message would only
-    be a duplicate. Work is only stranded when its message was lost and no
-    worker is claiming anything; then a few messages, for the oldest due tasks,
-    wake workers that drain the rest."""
-    stale = _stale(now)
+    A due pending task whose message is older than PILOT_REENQUEUE_SECONDS gets
+    another, RESENDS_PER_PASS a pass: the oldest of each client first, the
+    client whose task waited longest first, so that one client's pile of lost
+    messages never keeps another client's waiting; then, with the rest of the
+    pass's share, the oldest overall. A task whose client or workflow is at its
+    cap gets none (it waits for a slot, not a worker: _enqueue_owed). Sending
+    one stamps `enqueued_at`, so a task gets at most one message per
+    PILOT_REENQUEUE_SECONDS however long it waits. A duplicate is harmless: the
+    first message to arrive claims the task, the other finds it taken."""
     waiting = (Task.objects.filter(_needs_message(now), state=TaskState.PENDING,
-                                   next_attempt_at__lt=stale)
-               .exclude(blocked_q(Slots.now(caps()))))  # they wait for a slot, not a worker
-    if not waiting.exists():
+                                   next_attempt_at__lt=_stale(now))
+               .exclude(blocked_q(Slots.now(caps()))))
+    owners = list(waiting.values("owner_id").annotate(first=Min("next_attempt_at"))
+                  .order_by("first", "owner_id").values_list("owner_id", flat=True)
+                  [:RESENDS_PER_PASS])
+    if not owners:
         return
-    last_claim = (TaskTransition.objects.filter(transition="claim").order_by("-at")
-                  .values_list("at", flat=True).first())
-    if last_claim is not None and last_claim >= stale:
-        return  # workers are claiming: they will get to it
+    chosen = [pk for owner_id in owners
+              for pk in waiting.filter(owner_id=owner_id).order_by("next_attempt_at")
+              .values_list("pk", flat=True)[:1]]
+    if len(chosen) < RESENDS_PER_PASS:
+        chosen += list(waiting.exclude(pk__in=chosen).order_by("next_attempt_at")
+                       .values_list("pk", flat=True)[:RESENDS_PER_PASS - len(chosen)])
     with transaction.atomic():
-        ids = [t.pk for t in _locked(waiting.order_by("next_attempt_at").only("pk"),
-                                     WAKE_MESSAGES, None)]
+        ids = [t.pk for t in _locked(waiting.filter(pk__in=chosen).order_by("next_attempt_at")
+                                     .only("pk"), RESENDS_PER_PASS, None)]
         if ids:
             Task.objects.filter(pk__in=ids).update(enqueued_at=now)
             enqueue_on_commit(ids, front=True)

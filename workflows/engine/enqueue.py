@@ -15,10 +15,10 @@ worker goes on claiming due tasks from it in due order (docs/design.md,
   rolled-back change enqueues nothing, a committed one cannot lose its message.
   With Redis the push happens after commit; if the process dies in between,
   or Redis is down (`enqueue_failed` is logged, the request still succeeds:
-  its change is committed), nothing is lost: a busy worker claims the task from
-  the table anyway, and when no worker has claimed anything for
-  PILOT_REENQUEUE_SECONDS the dispatcher sends wake-up messages for the oldest
-  waiting tasks (a delivery without a recent message: once it is due).
+  its change is committed), nothing is lost: a worker draining the table may
+  claim the task anyway, and once its message is PILOT_REENQUEUE_SECONDS old the
+  dispatcher sends it another, oldest due first (a delivery without a recent
+  message: once it is due).
 - `enqueue_rollback_unsafe(ids)` pushes at once, whatever the caller's
   transaction then does. Only `enqueue_on_commit` calls it (after the commit,
   or inside the transaction for the ORM broker, where the row then shares the
@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import transaction
@@ -40,7 +41,16 @@ from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
 from workflows.cluster import cluster_name
-from workflows.observability.events import emit
+from workflows.observability.events import Event, emit
+
+# An ORM-broker message is visible to a worker once its `lock` is before the
+# worker's own clock (django-q2 dequeues `lock < timezone.now()`). Stamped with
+# the sender's clock, a web node a minute ahead hid its messages for a minute
+# from correct workers; a fixed time long past makes every message visible at
+# once to every worker, whatever the machines' clocks (docs/design.md, "Time").
+# The message's send time stays in its package (`started`) and, for the
+# engine's decisions, in the task's `enqueued_at` (the database's clock).
+VISIBLE_AT_ONCE = datetime(2000, 1, 1, tzinfo=UTC)
 
 RUN_TASK = "workflows.worker.run_task"
 DELIVER_WEBHOOK = "workflows.worker.deliver_webhook"
@@ -87,9 +97,8 @@ def enqueue_rollback_unsafe(task_ids: Iterable[Any], *, front: bool = False,
         return 0
     b = broker()
     if uses_orm_broker():
-        now = timezone.now()
         OrmQ.objects.using(Conf.ORM).bulk_create(
-            [OrmQ(key=b.list_key, payload=p, lock=now) for p in packages])
+            [OrmQ(key=b.list_key, payload=p, lock=VISIBLE_AT_ONCE) for p in packages])
     elif front:
         # django-q2's pusher pops from the left: push the last first, so the
         # first given is the first taken.
@@ -126,5 +135,5 @@ def _push_after_commit(ids: list[str], front: bool, func: str) -> None:
     try:
         enqueue_rollback_unsafe(ids, front=front, func=func)
     except Exception as exc:  # noqa: BLE001 - any broker failure; the dispatcher covers it
-        emit("enqueue_failed", level=logging.WARNING, count=len(ids),
+        emit(Event.ENQUEUE_FAILED, level=logging.WARNING, count=len(ids),
              error=f"{type(exc).__name__}: {exc}"[:300])

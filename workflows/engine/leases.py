@@ -32,8 +32,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from workflows.conf import pilot_settings
-from workflows.errors import CancelRequested, LeaseLost
-from workflows.states import TaskState
+from workflows.rules.errors import CancelRequested, LeaseLost
+from workflows.rules.states import TaskState
 
 
 class DbClock:
@@ -71,11 +71,6 @@ class Lease:
     worker: str
     clock: LeaseClock = dataclasses.field(default_factory=LeaseClock, compare=False,
                                           repr=False)
-
-    def advanced(self, token: int) -> Lease:
-        """The same worker's lease after a transition it applied itself (which
-        moved the token on); the renewal clock carries over."""
-        return dataclasses.replace(self, token=token)
 
 
 class Refused(Exception):  # noqa: N818 - a refusal, not an error

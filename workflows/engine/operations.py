@@ -26,11 +26,11 @@ from workflows.engine.deliveries import deliveries_freeze
 from workflows.engine.enqueue import enqueue_on_commit
 from workflows.engine.plans import cancel_plan, owed_compensations, retry_plan
 from workflows.engine.store import store
-from workflows.errors import InvalidTransition, PermissionDenied, TaskNotFound
 from workflows.models import StepCheckpoint, Task
-from workflows.observability.events import emit_on_commit
+from workflows.observability.events import Event, emit_on_commit
+from workflows.rules.errors import InvalidTransition, PermissionDenied, TaskNotFound
+from workflows.rules.states import StepState
 from workflows.selectors import can_view_all
-from workflows.states import StepState
 
 
 def transition_permission(name: str) -> str:
@@ -78,7 +78,7 @@ def task_cancel(*, task_id: Any, user: Any, reason: str = "", owner_may: bool = 
                            set_fields={"enqueued_at": now} if plan.enqueue else None)
         if plan.enqueue:
             enqueue_on_commit([task.pk])
-        emit_on_commit("task_cancel_requested", task_id=str(task.pk), workflow=task.workflow,
+        emit_on_commit(Event.TASK_CANCEL_REQUESTED, task_id=str(task.pk), workflow=task.workflow,
                        attempt=task.attempts, to_state=task.state, actor=actor_for(user),
                        trace_id=task.trace_id or None)
     return task
@@ -122,4 +122,17 @@ def task_restart(task: Task, *, actor: str, from_start: bool = False, reason: st
                        set_fields={"enqueued_at": now})
 
 
-__all__ = ["task_cancel", "task_restart", "task_retry", "transition_permission"]
+def task_skip_backoff(*, task_id: Any) -> int:
+    """For an author's tests (workflows.testing): what the task waits out a
+    backoff for is due now, by the database's clock. Moves no state."""
+    return store().skip_backoff(task_id)
+
+
+def task_expire_lease(*, task_id: Any) -> int:
+    """For an author's tests (workflows.testing): the task's lease ran out, as
+    after its worker died; the dispatcher's next pass acts on it."""
+    return store().expire_lease(task_id)
+
+
+__all__ = ["task_cancel", "task_expire_lease", "task_restart", "task_retry",
+           "task_skip_backoff", "transition_permission"]

@@ -19,10 +19,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from workflows.errors import UnknownWorkflow, WorkflowChanged
 from workflows.models import StepCheckpoint, Task
 from workflows.registry import Step, Workflow, registry
-from workflows.states import TO_COMPENSATE, StepState, TaskState
+from workflows.rules.errors import UnknownWorkflow, WorkflowChanged
+from workflows.rules.states import TO_COMPENSATE, StepState, TaskState
 
 
 class PlanUnavailable(Exception):  # noqa: N818 - names the condition

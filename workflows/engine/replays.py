@@ -30,7 +30,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from workflows.engine.store import store
-from workflows.observability.events import emit
+from workflows.observability.events import Event, emit
 
 FOLD_SECONDS = 60.0
 HOUR = timedelta(hours=1)
@@ -79,7 +79,7 @@ class Folding:
         try:
             report = replays_fold(since=self.since)
         except Exception as exc:  # noqa: BLE001 - see above; each group's transaction rolled back
-            emit("dispatcher_error", level=logging.ERROR,
+            emit(Event.DISPATCHER_ERROR, level=logging.ERROR,
                  error=f"replay fold: {type(exc).__name__}: {exc}"[:300])
             return None
         if report.full:
@@ -87,7 +87,7 @@ class Folding:
         else:
             self.since = fold_since(db_now)
         if report.removed:
-            emit("dispatcher_action", action="replays_folded", count=report.removed)
+            emit(Event.DISPATCHER_ACTION, action="replays_folded", count=report.removed)
         return report
 
 

@@ -26,14 +26,14 @@ from typing import Any
 
 from django.db import transaction
 
-from workflows.accounts import scheduler_owner_get
-from workflows.cron import CronInvalid, cron_next, cron_normalize
-from workflows.engine.schedules import database_now
+from workflows.accounts import schedule_owner_problem, scheduler_owner_get
+from workflows.engine.store import database_now
 from workflows.engine.triggers import payload_validate
-from workflows.errors import PilotError, ValidationFailed
 from workflows.models import MissedPolicy, PilotSchedule, ScheduleOrigin
-from workflows.observability.events import emit_on_commit
+from workflows.observability.events import Event, emit_on_commit
 from workflows.registry import SCHEDULE_NAME_RE, Workflow, registry
+from workflows.rules.cron import CronInvalid, cron_next, cron_normalize
+from workflows.rules.errors import PilotError, ValidationFailed
 
 CREATED, UPDATED, UNCHANGED = "created", "updated", "unchanged"
 _DEFINITION = ("workflow", "payload", "cron", "owner_id", "missed")
@@ -66,8 +66,9 @@ def schedule_validate(*, name: Any, workflow: Any, cron: Any, payload: Any, owne
         errors["cron"] = [str(exc)]
     if missed not in MissedPolicy.values:
         errors["missed"] = [f"Must be one of {', '.join(MissedPolicy.values)}."]
-    if owner is None or not getattr(owner, "pk", None):
-        errors["owner"] = ["An existing user is required."]
+    owner_problem = schedule_owner_problem(owner)
+    if owner_problem:
+        errors["owner"] = [owner_problem]
     problem = _payload_problem(found, payload)
     if problem:
         errors["payload"] = [problem]
@@ -110,7 +111,7 @@ def schedule_save(*, name: str, workflow: str, cron: str, payload: dict[str, Any
                                         owner=owner, missed=missed, origin=origin, now=now,
                                         enabled=True if enabled is None else enabled)
             if created:
-                emit_on_commit("schedule_created", schedule=name, workflow=workflow, cron=cron,
+                emit_on_commit(Event.SCHEDULE_CREATED, schedule=name, workflow=workflow, cron=cron,
                                origin=origin)
                 return schedule, CREATED
         if schedule.origin != origin:
@@ -126,7 +127,7 @@ def schedule_save(*, name: str, workflow: str, cron: str, payload: dict[str, Any
             return schedule, UNCHANGED
         schedule.updated_at = now
         schedule.save(update_fields=[*changed, "updated_at"])
-        emit_on_commit("schedule_updated", schedule=name, fields=sorted(changed))
+        emit_on_commit(Event.SCHEDULE_UPDATED, schedule=name, fields=sorted(changed))
         return schedule, UPDATED
 
 
@@ -186,7 +187,7 @@ def schedule_set_enabled(*, name: str, enabled: bool,
         schedule.next_slot_at = _first_slot(schedule.cron, name, now) if enabled else None
         schedule.updated_at = now
         schedule.save(update_fields=["enabled", "next_slot_at", "updated_at"])
-        emit_on_commit("schedule_enabled" if enabled else "schedule_disabled", schedule=name)
+        emit_on_commit(Event.SCHEDULE_ENABLED if enabled else "schedule_disabled", schedule=name)
         return schedule
 
 
@@ -200,7 +201,7 @@ def schedule_delete(*, name: str, origin: str = ScheduleOrigin.OPERATOR) -> None
             raise ValidationFailed(f"Schedule {name!r} is declared in code; remove it there",
                                    errors={"name": ["Declared in code."]})
         schedule.delete()
-        emit_on_commit("schedule_deleted", schedule=name)
+        emit_on_commit(Event.SCHEDULE_DELETED, schedule=name)
 
 
 def _locked(name: str) -> PilotSchedule:
@@ -248,12 +249,12 @@ def schedules_sync_after_migrate(sender: object = None, using: str = "default",
     """post_migrate receiver: write the schedules declared in code. Does nothing
     (not even a query) when the code declares none, or when the table is not
     there yet (a migrate to an earlier migration)."""
-    from django.db import connections
+    from workflows import database
 
     if not registry.schedules():
         return
-    if PilotSchedule._meta.db_table not in connections[using].introspection.table_names():
+    if not database.has_table(PilotSchedule._meta.db_table, using):
         return
     report = schedules_sync_declared()
-    emit_on_commit("schedules_synced", created=report.created, updated=report.updated,
+    emit_on_commit(Event.SCHEDULES_SYNCED, created=report.created, updated=report.updated,
                    deleted=report.deleted, errors=report.errors)

@@ -45,14 +45,15 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Min
 
+from workflows.accounts import schedule_owner_problem
 from workflows.conf import pilot_settings
-from workflows.cron import cron_latest_slots, cron_next, slot_text
-from workflows.engine.store import store
+from workflows.engine.store import database_now
 from workflows.engine.triggers import CREATED, REPLAYED, TriggerRequest, task_trigger_many
-from workflows.errors import PilotError
 from workflows.models import MissedPolicy, PilotSchedule
-from workflows.observability.events import emit, emit_on_commit
-from workflows.states import Source
+from workflows.observability.events import Event, emit, emit_on_commit
+from workflows.rules.cron import cron_latest_slots, cron_next, slot_text
+from workflows.rules.errors import PilotError, ValidationFailed
+from workflows.rules.states import Source
 
 log = logging.getLogger("pilot.schedules")
 
@@ -94,12 +95,6 @@ class ScheduleFireReport:
 def schedule_key(name: str, slot: datetime) -> str:
     """The idempotency key of one slot of schedule `name`."""
     return f"schedule:{name}:{slot_text(slot)}"
-
-
-def database_now() -> datetime:
-    """The database server's clock: every scheduler compares slots with the same
-    clock, however wrong the clocks of their machines are."""
-    return store().db_now()
 
 
 def slots_to_fire(missed: str, slots: list[datetime], *, now: datetime,
@@ -177,7 +172,7 @@ def _fire(schedule: PilotSchedule, now: datetime, grace: float,
     skipped = [slot for slot in slots if slot not in chosen]
     if skipped or older_dropped:
         report.skipped += len(skipped)
-        emit_on_commit("schedule_slots_skipped", schedule=schedule.name, missed=schedule.missed,
+        emit_on_commit(Event.SCHEDULE_SLOTS_SKIPPED, schedule=schedule.name, missed=schedule.missed,
                        count=len(skipped), more_before=older_dropped,
                        first=slot_text(skipped[0]) if skipped else None,
                        last=slot_text(skipped[-1]) if skipped else None)
@@ -192,14 +187,20 @@ def _trigger_slots(schedule: PilotSchedule, chosen: list[datetime], now: datetim
     trace_id = uuid.uuid4().hex
     requests = [TriggerRequest(schedule.workflow, schedule.payload,
                                schedule_key(schedule.name, slot)) for slot in chosen]
-    outcomes = task_trigger_many(owner=schedule.owner, requests=requests,
-                                 source=SCHEDULE_SOURCE, trace_id=trace_id)
+    # An owner deactivated (or made superuser) since the schedule was saved:
+    # its slots are refused, not run as it.
+    owner_problem = schedule_owner_problem(schedule.owner)
+    outcomes: list[Any] = (
+        [ValidationFailed(owner_problem, errors={"owner": [owner_problem]})] * len(chosen)
+        if owner_problem else
+        task_trigger_many(owner=schedule.owner, requests=requests, source=SCHEDULE_SOURCE,
+                          trace_id=trace_id))
     errors = []
     for slot, outcome in zip(chosen, outcomes, strict=True):
         if isinstance(outcome, PilotError):
             report.refused += 1
             errors.append(f"{slot_text(slot)}: {outcome.code}: {outcome.detail}")
-            emit_on_commit("schedule_fire_refused", level=logging.WARNING,
+            emit_on_commit(Event.SCHEDULE_FIRE_REFUSED, level=logging.WARNING,
                            schedule=schedule.name, workflow=schedule.workflow,
                            slot=slot_text(slot), code=outcome.code, detail=outcome.detail)
             continue
@@ -213,7 +214,7 @@ def _trigger_slots(schedule: PilotSchedule, chosen: list[datetime], now: datetim
             report.restarted += 1
         schedule.last_fired_slot = slot
         schedule.last_task_id = outcome.task.pk
-        emit_on_commit("schedule_fired", schedule=schedule.name, workflow=schedule.workflow,
+        emit_on_commit(Event.SCHEDULE_FIRED, schedule=schedule.name, workflow=schedule.workflow,
                        slot=slot_text(slot), outcome=kind, task_id=str(outcome.task.pk),
                        trace_id=trace_id)
     schedule.last_fired_at = now
@@ -237,4 +238,4 @@ def _pause_after_error(pk: int, now: datetime, exc: BaseException,
     PilotSchedule.objects.filter(pk=pk).update(next_slot_at=None, updated_at=now,
                                                last_error=detail[:MAX_ERROR_LENGTH],
                                                last_error_at=now)
-    emit("schedule_paused", level=logging.ERROR, schedule_id=pk, error=detail[:200])
+    emit(Event.SCHEDULE_PAUSED, level=logging.ERROR, schedule_id=pk, error=detail[:200])

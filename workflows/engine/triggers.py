@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 import uuid
 from collections import defaultdict
@@ -52,7 +53,11 @@ from workflows.engine.audit import actor_for
 from workflows.engine.enqueue import enqueue_on_commit, uses_orm_broker
 from workflows.engine.operations import task_restart
 from workflows.engine.store import store
-from workflows.errors import (
+from workflows.models import ClientWebhook, Task, TaskReplay
+from workflows.observability import tracing
+from workflows.observability.events import Event, emit, emit_on_commit
+from workflows.registry import Workflow, registry
+from workflows.rules.errors import (
     Conflict,
     IdempotencyKeyMissing,
     IdempotencyKeyReused,
@@ -62,20 +67,16 @@ from workflows.errors import (
     ValidationFailed,
     plain_errors,
 )
-from workflows.fingerprint import (
+from workflows.rules.fingerprint import (
     MAX_PAYLOAD_DEPTH,
     canonical_json,
     derive_key,
     fingerprint_of,
     payload_depth,
 )
-from workflows.keys import normalize_key
-from workflows.models import ClientWebhook, Task, TaskReplay
-from workflows.observability import tracing
-from workflows.observability.events import emit_on_commit
-from workflows.registry import Workflow, registry
-from workflows.states import REPLAYABLE_STATES, Source, TaskState
-from workflows.webhooks.targets import target_validate
+from workflows.rules.keys import normalize_key
+from workflows.rules.states import REPLAYABLE_STATES, Source, TaskState
+from workflows.webhooks.targets import target_validate, targets_check
 
 MAX_BATCH = 1000
 _RACE_ROUNDS = 5
@@ -170,7 +171,8 @@ def _trigger_many(owner: Any, requests: list[TriggerRequest], source: str, trace
                   traceparent: str) -> list[TriggerOutcome | PilotError]:
     results: list[Any] = [None] * len(requests)
     prepared: list[_Prepared] = []
-    targets: dict[str, Any] = {}
+    # Every callback URL of the call checked at once, DNS within one deadline.
+    targets: dict[str, Any] = targets_check(r.callback_url for r in requests)
     for index, request in enumerate(requests):
         try:
             prepared.append(_prepare(index, request, targets))
@@ -192,18 +194,24 @@ def _trigger_many(owner: Any, requests: list[TriggerRequest], source: str, trace
                 break
             except OperationalError as exc:
                 # Deadlock or serialization failure: the whole transaction rolled
-                # back, nothing happened; run it again from the top.
+                # back, nothing happened; run it again from the top. Said, so that
+                # a design that deadlocks cannot hide behind the retry.
                 if attempt == 2 or not _is_transient(exc):
                     raise
+                emit(Event.TRIGGER_RETRIED, level=logging.WARNING, attempt=attempt + 1,
+                     sqlstate=_sqlstate(exc), count=len(prepared))
                 time.sleep(0.01 * (attempt + 1))
         for index, outcome in decided.items():
             results[index] = outcome
     return results
 
 
+def _sqlstate(exc: OperationalError) -> str | None:
+    return getattr(getattr(exc, "__cause__", None), "sqlstate", None)
+
+
 def _is_transient(exc: OperationalError) -> bool:
-    code = getattr(getattr(exc, "__cause__", None), "sqlstate", None)
-    return code in ("40P01", "40001")
+    return _sqlstate(exc) in ("40P01", "40001")
 
 
 def payload_validate(payload: Any, workflow: Workflow | None = None) -> str:
@@ -457,10 +465,10 @@ def _record_replays(replay_counts: dict[Any, int], rows: dict[str, Task], now: d
 def _report(outcomes: dict[int, TriggerOutcome | PilotError]) -> None:
     for outcome in outcomes.values():
         if isinstance(outcome, PilotError):
-            emit_on_commit("trigger_refused", code=outcome.code)
+            emit_on_commit(Event.TRIGGER_REFUSED, code=outcome.code)
             continue
         task = outcome.task
-        event = {CREATED: "task_triggered", REPLAYED: "task_replayed",
-                 RESTARTED: "task_restarted"}[outcome.outcome]
+        event = {CREATED: Event.TASK_TRIGGERED, REPLAYED: Event.TASK_REPLAYED,
+                 RESTARTED: Event.TASK_RESTARTED}[outcome.outcome]
         emit_on_commit(event, task_id=str(task.pk), workflow=task.workflow,
                        outcome=outcome.outcome, trace_id=task.trace_id)

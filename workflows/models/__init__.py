@@ -5,8 +5,13 @@ from workflows.models.step import StepCheckpoint
 from workflows.models.task import Task
 from workflows.models.token import ApiToken
 from workflows.models.transition import TaskTransition
-from workflows.models.webhook import ClientWebhook, DeliveryState, WebhookDelivery
+from workflows.models.webhook import (
+    ClientWebhook,
+    DeliveryState,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 
 __all__ = ["ApiToken", "ClientWebhook", "DeliveryState", "DemoLedger", "DemoOrder",
            "MissedPolicy", "PilotSchedule", "ScheduleOrigin", "StepCheckpoint", "Task",
-           "TaskReplay", "TaskTransition", "WebhookDelivery"]
+           "TaskReplay", "TaskTransition", "WebhookDelivery", "WebhookEndpoint"]

@@ -50,6 +50,12 @@ class PilotSchedule(models.Model):
 
     class Meta:
         verbose_name = "schedule"
+        # In the console, without it a schedule runs as the scheduler user and
+        # one that runs as anybody else is read-only (docs/schedules.md,
+        # "Owners"): its runs would be that client's own tasks, its webhooks
+        # signed with that client's secret.
+        permissions = [("schedule_as_owner",
+                        "Can create or change a schedule that runs as another user")]
         ordering = ["name"]
         constraints = [
             # One schedule per name: the name is part of every key it fires.

@@ -13,7 +13,7 @@ once recorded never runs again and one whose worker died is counted
 from django.db import models
 from django.db.models import Q
 
-from workflows.states import StepState
+from workflows.rules.states import StepState
 
 
 class StepCheckpoint(models.Model):

@@ -25,9 +25,15 @@ from django.db.models import Q
 from django.utils import timezone
 from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
 
-from workflows.keys import MAX_KEY_LENGTH
 from workflows.registry import DEFAULT_IDEMPOTENCY_TTL
-from workflows.states import COMPENSATION_STATES, FINISHED_STATES, LEASED_STATES, Source, TaskState
+from workflows.rules.keys import MAX_KEY_LENGTH
+from workflows.rules.states import (
+    COMPENSATION_STATES,
+    FINISHED_STATES,
+    LEASED_STATES,
+    Source,
+    TaskState,
+)
 
 MAX_ERROR_LENGTH = 4000
 
@@ -78,7 +84,8 @@ class Task(ConcurrentTransitionMixin, models.Model):
     # Indexed through task_owner_key_uniq and task_owner_created_idx.
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
                               related_name="pilot_tasks", db_index=False)
-    idempotency_key = models.CharField(max_length=MAX_KEY_LENGTH)  # the key rule: workflows.keys
+    # The key rule: workflows.rules.keys.
+    idempotency_key = models.CharField(max_length=MAX_KEY_LENGTH)
     workflow = models.CharField(max_length=100)
     payload = models.JSONField(default=dict)
     fingerprint = models.CharField(max_length=64)

@@ -6,8 +6,11 @@ read-only SQL session yields no usable token, and an operator can still tell
 which token is which (`pilot_3fa9c2d1…`). A fast hash is enough: the secret is
 32 random bytes, not a password, so there is nothing to brute-force.
 
-One token per user, like DRF's authtoken: issuing a new one (`--rotate`)
-replaces the old, which stops working at once.
+A user has one token, and for a while two: issuing a new one (`--rotate`)
+gives the old an expiry PILOT_ROTATION_OVERLAP_SECONDS away, so the upstream
+system can switch over without a refused request (`--no-overlap`: the old
+stops at once, for a token that leaked). A token may also be issued with an
+expiry of its own (`--token-expires-days`). Past `expires_at` it is refused.
 """
 
 from __future__ import annotations
@@ -34,13 +37,15 @@ def token_generate() -> tuple[str, str]:
 
 
 class ApiToken(models.Model):
-    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
-                                related_name="pilot_api_token")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="pilot_api_tokens")
     # What an operator sees (the admin, logs): never enough to authenticate.
     prefix = models.CharField(max_length=20)
     # Unique: authentication looks a presented token up by its digest.
     digest = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # NULL: does not expire. Authentication refuses it from then on.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name = "API token"

@@ -1,6 +1,6 @@
 """Named events: the one door through which the engine reports what it did.
 
-`emit("task_triggered", task_id=..., workflow=...)` writes a log record whose
+`emit(Event.TASK_TRIGGERED, task_id=..., workflow=...)` writes a log record whose
 message is the event name and whose `pilot` attribute holds the fields; the
 formatters in `observability.logging` render it. Events that describe a
 database change are emitted after commit (`emit_on_commit`), so a log line never
@@ -16,10 +16,82 @@ import contextlib
 import contextvars
 import logging
 import types
+from enum import StrEnum
 
 from django.db import transaction
 
 logger = logging.getLogger("pilot.events")
+
+class Event(StrEnum):
+    """Every event PILOT reports, by name (docs/operations.md lists what each
+    says). A member is its name as a string (a log record's `event`); emitting a
+    name that is not here is refused by tests/observability/test_events.py."""
+
+    CACHE_MISCONFIGURED = "cache_misconfigured"
+    CACHE_UNAVAILABLE = "cache_unavailable"
+    CANCEL_NOTICED = "cancel_noticed"
+    CLAIM_ADOPTED = "claim_adopted"
+    CLEANUP_BATCH = "cleanup_batch"
+    CLEANUP_FINISHED = "cleanup_finished"
+    COMPENSATION_FAILED = "compensation_failed"
+    DISPATCHER_ACTION = "dispatcher_action"
+    DISPATCHER_DB_UNAVAILABLE = "dispatcher_db_unavailable"
+    DISPATCHER_ERROR = "dispatcher_error"
+    DISPATCHER_PASS = "dispatcher_pass"
+    DISPATCHER_STARTED = "dispatcher_started"
+    DISPATCHER_STOPPED = "dispatcher_stopped"
+    ENQUEUE_FAILED = "enqueue_failed"
+    HEARTBEAT_SKIPPED = "heartbeat_skipped"
+    LEASE_LOST = "lease_lost"
+    LOGIN_LOCKED_OUT = "login_locked_out"
+    LOGIN_REFUSED_LOCKED_OUT = "login_refused_locked_out"
+    LOGIN_REFUSED_UNAVAILABLE = "login_refused_unavailable"
+    LOGIN_UNLOCKED = "login_unlocked"
+    PASSWORD_CHECK_LOCKED_OUT = "password_check_locked_out"
+    PROXY_SETTING_SUSPECT = "proxy_setting_suspect"
+    Q_RESULTS_PRUNED = "q_results_pruned"
+    READINESS_DEGRADED = "readiness_degraded"
+    RETRY_SCHEDULED = "retry_scheduled"
+    RUN_FAILED = "run_failed"
+    RUN_INTERRUPTED = "run_interrupted"
+    SCHEDULE_CREATED = "schedule_created"
+    SCHEDULE_DELETED = "schedule_deleted"
+    SCHEDULE_ENABLED = "schedule_enabled"
+    SCHEDULE_FIRE_REFUSED = "schedule_fire_refused"
+    SCHEDULE_FIRED = "schedule_fired"
+    SCHEDULE_PAUSED = "schedule_paused"
+    SCHEDULE_SLOTS_SKIPPED = "schedule_slots_skipped"
+    SCHEDULE_UPDATED = "schedule_updated"
+    SCHEDULER_DB_UNAVAILABLE = "scheduler_db_unavailable"
+    SCHEDULER_ERROR = "scheduler_error"
+    SCHEDULER_PASS = "scheduler_pass"
+    SCHEDULER_STARTED = "scheduler_started"
+    SCHEDULER_STOPPED = "scheduler_stopped"
+    SCHEDULES_SYNCED = "schedules_synced"
+    STEP_COMPENSATED = "step_compensated"
+    STEP_FINISHED = "step_finished"
+    STEP_STARTED = "step_started"
+    TASK_CANCEL_REQUESTED = "task_cancel_requested"
+    TASK_CLAIMED = "task_claimed"
+    TASK_RECOVERED = "task_recovered"
+    TASK_REPLAYED = "task_replayed"
+    TASK_RESTARTED = "task_restarted"
+    TASK_TRANSITIONED = "task_transitioned"
+    TASK_TRIGGERED = "task_triggered"
+    TRIGGER_REFUSED = "trigger_refused"
+    TRIGGER_RETRIED = "trigger_retried"
+    WEBHOOK_CLAIM_LOST = "webhook_claim_lost"
+    WEBHOOK_DELIVERED = "webhook_delivered"
+    WEBHOOK_DELIVERIES_PRUNED = "webhook_deliveries_pruned"
+    WEBHOOK_ENDPOINT_PAUSED = "webhook_endpoint_paused"
+    WEBHOOK_ERROR = "webhook_error"
+    WEBHOOK_FAILED = "webhook_failed"
+    WEBHOOK_GAVE_UP = "webhook_gave_up"
+    WEBHOOK_RESENT = "webhook_resent"
+    CALLBACK_CHECKS_DEFERRED = "callback_checks_deferred"
+    WEBHOOK_SECRET_UNREADABLE = "webhook_secret_unreadable"
+    WORKER_STATS_UNAVAILABLE = "worker_stats_unavailable"
+
 
 _listeners: list = []
 # Never mutated in place (log_context sets a new dict), so sharing the empty
@@ -32,6 +104,11 @@ def add_listener(listener) -> None:
     """Call `listener(event, fields)` for every emitted event (metrics hook in here)."""
     if listener not in _listeners:
         _listeners.append(listener)
+
+
+def remove_listener(listener) -> None:
+    if listener in _listeners:
+        _listeners.remove(listener)
 
 
 def current_context() -> dict:

@@ -44,12 +44,13 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from workflows.conf import pilot_settings
 from workflows.observability import events
+from workflows.observability.events import Event
 from workflows.observability.multiproc import compact, scrape_lock
 from workflows.observability.shared_cache import cache_soft
 
 log = logging.getLogger("pilot.metrics")
 
-TRIGGER_EVENTS = {"task_triggered", "task_replayed", "task_restarted"}
+TRIGGER_EVENTS = {Event.TASK_TRIGGERED, Event.TASK_REPLAYED, Event.TASK_RESTARTED}
 
 TRIGGERS = Counter("pilot_triggers", "Trigger calls by outcome: created, replayed, restarted, "
                    "or the error code of a refusal", ["workflow", "outcome"])
@@ -74,35 +75,61 @@ WEBHOOK_ATTEMPTS = Counter("pilot_webhook_attempts", "Completion webhook attempt
 WEBHOOK_DURATION = Histogram(
     "pilot_webhook_attempt_seconds", "Wall time of completion webhook attempts",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-WEBHOOK_EVENTS = {"webhook_delivered": "delivered", "webhook_failed": "retrying",
-                  "webhook_gave_up": "gave_up", "webhook_claim_lost": "claim_lost"}
+WEBHOOK_EVENTS = {Event.WEBHOOK_DELIVERED: "delivered", Event.WEBHOOK_FAILED: "retrying",
+                  Event.WEBHOOK_GAVE_UP: "gave_up", Event.WEBHOOK_CLAIM_LOST: "claim_lost"}
+
+
+def _trigger(event: str, fields: dict) -> None:
+    TRIGGERS.labels(fields.get("workflow") or "", fields.get("outcome") or event).inc()
+
+
+def _refused(event: str, fields: dict) -> None:
+    # No workflow label: a refused name may be anything a client typed.
+    TRIGGERS.labels("", fields.get("code") or "refused").inc()
+
+
+def _transition(event: str, fields: dict) -> None:
+    TRANSITIONS.labels(fields.get("workflow") or "", fields.get("from_state") or "",
+                       fields.get("to_state") or "").inc()
+
+
+def _step(event: str, fields: dict) -> None:
+    if fields.get("duration_ms") is not None:
+        STEP_DURATION.labels(fields.get("workflow") or "", fields.get("step") or "") \
+            .observe(fields["duration_ms"] / 1000)
+
+
+def _claim(event: str, fields: dict) -> None:
+    if fields.get("queue_lag_seconds") is not None:
+        QUEUE_LAG.observe(max(0.0, fields["queue_lag_seconds"]))
+
+
+def _webhook(event: str, fields: dict) -> None:
+    WEBHOOK_ATTEMPTS.labels(WEBHOOK_EVENTS[Event(event)]).inc()
+    if fields.get("duration_ms") is not None:
+        WEBHOOK_DURATION.observe(fields["duration_ms"] / 1000)
+
+
+# Which events move which metric: one handler an event, none for the others.
+HANDLERS = {
+    **dict.fromkeys(TRIGGER_EVENTS, _trigger),
+    Event.TRIGGER_REFUSED: _refused,
+    Event.TASK_TRANSITIONED: _transition,
+    Event.STEP_FINISHED: _step,
+    Event.TASK_CLAIMED: _claim,
+    Event.DISPATCHER_ACTION: lambda event, fields: DISPATCHER_ACTIONS.labels(
+        fields.get("action") or "").inc(fields.get("count") or 0),
+    Event.DISPATCHER_ERROR: lambda event, fields: DISPATCHER_ERRORS.inc(),
+    **dict.fromkeys(WEBHOOK_EVENTS, _webhook),
+    Event.DISPATCHER_PASS: lambda event, fields: _dispatcher_beat(),
+}
 
 
 def on_event(event: str, fields: dict) -> None:
     """The events.add_listener hook: one event → at most one metric update."""
-    if event in TRIGGER_EVENTS:
-        TRIGGERS.labels(fields.get("workflow") or "", fields.get("outcome") or event).inc()
-    elif event == "trigger_refused":
-        # No workflow label: a refused name may be anything a client typed.
-        TRIGGERS.labels("", fields.get("code") or "refused").inc()
-    elif event == "task_transitioned":
-        TRANSITIONS.labels(fields.get("workflow") or "", fields.get("from_state") or "",
-                           fields.get("to_state") or "").inc()
-    elif event == "step_finished" and fields.get("duration_ms") is not None:
-        STEP_DURATION.labels(fields.get("workflow") or "", fields.get("step") or "") \
-            .observe(fields["duration_ms"] / 1000)
-    elif event == "task_claimed" and fields.get("queue_lag_seconds") is not None:
-        QUEUE_LAG.observe(max(0.0, fields["queue_lag_seconds"]))
-    elif event == "dispatcher_action":
-        DISPATCHER_ACTIONS.labels(fields.get("action") or "").inc(fields.get("count") or 0)
-    elif event == "dispatcher_error":
-        DISPATCHER_ERRORS.inc()
-    elif event in WEBHOOK_EVENTS:
-        WEBHOOK_ATTEMPTS.labels(WEBHOOK_EVENTS[event]).inc()
-        if fields.get("duration_ms") is not None:
-            WEBHOOK_DURATION.observe(fields["duration_ms"] / 1000)
-    elif event == "dispatcher_pass":
-        _dispatcher_beat()
+    handler = HANDLERS.get(event)  # type: ignore[call-overload]  # an Event is its name
+    if handler is not None:
+        handler(event, fields)
 
 
 DISPATCHER_BEAT_SECONDS = 5.0

@@ -33,8 +33,8 @@ from django.core.cache import cache
 from django.db import InterfaceError, OperationalError
 from redis import exceptions as redis_errors
 
-from workflows.errors import Unavailable
-from workflows.observability.events import emit
+from workflows.observability.events import Event, emit
+from workflows.rules.errors import Unavailable
 
 T = TypeVar("T")
 
@@ -96,10 +96,10 @@ def cache_error_kind(exc: BaseException) -> str:
 def _record(operation: str, exc: BaseException) -> str:
     kind = cache_error_kind(exc)
     if kind == TRANSIENT:
-        emit("cache_unavailable", level=logging.WARNING, operation=operation,
+        emit(Event.CACHE_UNAVAILABLE, level=logging.WARNING, operation=operation,
              error=describe(exc))
     else:
-        emit("cache_misconfigured", level=logging.ERROR, operation=operation,
+        emit(Event.CACHE_MISCONFIGURED, level=logging.ERROR, operation=operation,
              error=describe(exc))
     return kind
 

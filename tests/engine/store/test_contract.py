@@ -15,8 +15,8 @@ from tests.factories import make_task
 from workflows.engine.leases import Lease, Refused
 from workflows.engine.store import rows
 from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition
-from workflows.states import STEP_OVERWRITES, StepState
-from workflows.states import TaskState as S
+from workflows.rules.states import STEP_OVERWRITES, StepState
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -476,7 +476,7 @@ def test_no_hot_statement_reads_a_whole_table(owner):
     from django.db import connection
 
     from workflows.engine.store.postgres import QUERIES, _numbered
-    from workflows.fingerprint import fingerprint
+    from workflows.rules.fingerprint import fingerprint
 
     now = timezone.now()
     tasks = Task.objects.bulk_create(

@@ -20,7 +20,7 @@ from tests.support.helpers import purge_queue, queued_webhooks
 from workflows.engine.enqueue import uses_orm_broker
 from workflows.engine.store import rows
 from workflows.models import Task, WebhookDelivery
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,7 @@ from django.utils.safestring import SafeString
 
 from workflows.admin.pictures.svg import STATE_COLORS, Svg
 from workflows.models import Task
-from workflows.states import TaskState as S
+from workflows.rules.states import TaskState as S
 
 WIDTH, HEIGHT = 700, 520
 NODE_W, NODE_H = 110, 34

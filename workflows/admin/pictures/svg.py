@@ -14,7 +14,7 @@ from __future__ import annotations
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from workflows.states import StepState, TaskState
+from workflows.rules.states import StepState, TaskState
 
 # One palette for badges, timeline and diagram, so a colour means one state everywhere.
 STATE_COLORS: dict[str, str] = {

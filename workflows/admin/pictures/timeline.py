@@ -15,7 +15,7 @@ from django.utils.safestring import SafeString
 from workflows.admin.phases import BACKOFF, WAIT_OR_BACKOFF, WAITING
 from workflows.admin.pictures.svg import STATE_COLORS, STEP_COLORS, Svg
 from workflows.admin.text import duration_text, seconds_text
-from workflows.states import TaskState
+from workflows.rules.states import TaskState
 
 WIDTH = 860
 LABEL_W = 130

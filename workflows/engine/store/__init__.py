@@ -13,8 +13,9 @@ implementations, run by one contract suite (tests/engine/store/):
 
 from __future__ import annotations
 
-from django.db import connection
+from datetime import datetime
 
+from workflows import database
 from workflows.engine.store.orm import Claimed, OrmStore, SqliteStore
 from workflows.engine.store.rows import StepRow
 
@@ -23,7 +24,7 @@ _STORES: dict[str, OrmStore] = {}
 
 def store() -> OrmStore:
     """The store for the default database's engine."""
-    vendor = connection.vendor
+    vendor = database.vendor_name()
     if vendor not in _STORES:
         if vendor == "postgresql":
             from workflows.engine.store.postgres import PostgresStore
@@ -36,4 +37,10 @@ def store() -> OrmStore:
     return _STORES[vendor]
 
 
-__all__ = ["Claimed", "OrmStore", "StepRow", "store"]
+def database_now() -> datetime:
+    """The database server's clock, now: every decision compares with this
+    clock, however wrong the clocks of the machines involved are."""
+    return store().db_now()
+
+
+__all__ = ["Claimed", "OrmStore", "StepRow", "database_now", "store"]

@@ -19,12 +19,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, DateTimeField, ExpressionWrapper
+from django.db.models import BooleanField, Count, DateTimeField, ExpressionWrapper, Q
 from django.db.models.functions import Now, TruncHour
 from django.db.models.sql import Query
 from django.utils import timezone
@@ -32,19 +32,38 @@ from django.utils.dateparse import parse_datetime
 from django_fsm import ConcurrentTransition
 
 from workflows.conf import pilot_settings
+from workflows.database import serialize
 from workflows.engine import faults
-from workflows.engine.caps import Slots, blocked_q, caps, slot_free_exact
+from workflows.engine.caps import (
+    DEFAULT_GROUP,
+    LOCK_CLIENT,
+    LOCK_WORKFLOW,
+    Slots,
+    blocked_q,
+    cap_of,
+    caps,
+    group_of,
+)
 from workflows.engine.enqueue import deliveries_enqueue_on_commit
 from workflows.engine.leases import Lease, Refused
 from workflows.engine.store.rows import StepRow
 from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition, WebhookDelivery
 from workflows.models.webhook import delivery_message_id
-from workflows.observability.events import emit_on_commit
-from workflows.states import FINISHED_STATES, STEP_OVERWRITES, TaskState
+from workflows.observability.events import Event, emit_on_commit
+from workflows.rules.states import (
+    COMPENSATION_STATES,
+    FINISHED_STATES,
+    LEASED_STATES,
+    STEP_OVERWRITES,
+    TaskState,
+)
 
 _FIELDS = [f for f in Task._meta.concrete_fields if not f.primary_key]
 _ATTNAMES = [f.attname for f in _FIELDS]
 STEP_TABLE = StepCheckpoint._meta.db_table
+# How recent a claim must be for its worker to adopt it after a lost reply
+# (held_by): the runner asks within WRITE_PATIENCE_SECONDS of its claim.
+ADOPTABLE_SECONDS = 60
 STEP_COLUMNS = ("task_id", "index", "name", "state", "output", "attempts", "compensable",
                 "compensation_attempts", "error", "started_at", "finished_at")
 
@@ -59,6 +78,8 @@ class Claimed:
     db_now: datetime
     enqueued_at: datetime | None
     worker: str
+    # Found after a lost reply (`held_by`) rather than returned by the claim.
+    adopted: bool = False
 
     @property
     def lease(self) -> Lease:
@@ -145,6 +166,37 @@ class OrmStore:
 
     # --- claims ------------------------------------------------------------------------------
 
+    def _slot_free(self, owner_id: Any, workflow: str, limits: dict[str, Any] | None, *,
+                   undo: bool = False) -> bool:
+        """The portable claim's final cap check (caps.py), inside the claim's
+        transaction: serialized per client and per capped workflow as
+        `pilot_claim_slot_v2` is (each count a statement of its own, so it sees
+        every claim committed before the lock was granted). `undo`: the
+        take-over of a compensation phase."""
+        if limits is None:
+            return True
+        live = Q(lease_expires_at__gt=Now())
+        held = Task.objects.filter(Q(state=TaskState.RUNNING)
+                                   | Q(state__in=COMPENSATION_STATES) & live)
+        group = group_of(workflow, limits)
+        cap = cap_of(group, limits)
+        if cap:
+            serialize(LOCK_CLIENT, str(owner_id))
+            counted = held if undo else Task.objects.filter(
+                Q(state=TaskState.RUNNING) | Q(state__in=COMPENSATION_STATES) & (
+                    live | Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=Now())))
+            mine = counted.filter(owner_id=owner_id)
+            mine = (mine.filter(workflow=workflow) if group != DEFAULT_GROUP
+                    else mine.exclude(workflow__in=list(limits["own"])))
+            if mine.count() >= cap:
+                return False
+        total = limits["total"].get(workflow)
+        if total:
+            serialize(LOCK_WORKFLOW, workflow)
+            if held.filter(workflow=workflow).count() >= total:
+                return False
+        return True
+
     def _read_with_now(self, task_id: Any) -> Task | None:
         return Task.objects.annotate(pilot_db_now=Now()).filter(pk=task_id).first()
 
@@ -162,7 +214,7 @@ class OrmStore:
             now, enqueued_at = _aware(task.pilot_db_now), task.enqueued_at
             if not task.is_due(now):
                 return None
-            if not slot_free_exact(task.owner_id, task.workflow, limits):
+            if not self._slot_free(task.owner_id, task.workflow, limits):
                 # Over a cap: this message is consumed; the task is owed one when
                 # a slot frees (the dispatcher sends it).
                 Task.objects.filter(pk=task.pk, lease_token=task.lease_token).update(
@@ -190,7 +242,7 @@ class OrmStore:
             due = due.exclude(blocked_q(Slots.now(limits)))
             task = (due.select_for_update(skip_locked=True).annotate(pilot_db_now=Now())
                     .order_by("next_attempt_at").first())
-            if task is None or not slot_free_exact(task.owner_id, task.workflow, limits):
+            if task is None or not self._slot_free(task.owner_id, task.workflow, limits):
                 return None
             now, enqueued_at = _aware(task.pilot_db_now), task.enqueued_at
             self.transition(task, "claim", at=now, actor=f"worker:{worker}",
@@ -205,25 +257,61 @@ class OrmStore:
         live lease holds it and no backoff is pending. With it: only the worker
         whose running attempt held token `after_cancel_of` and was cancelled —
         nothing else happened since (the token moved exactly once)."""
-        task = self._read_with_now(task_id)
-        if task is None:
-            return None
-        now, enqueued_at = _aware(task.pilot_db_now), task.enqueued_at
-        if after_cancel_of is None:
-            if not task.is_resumable(now):
+        # A take-over counts toward its client's cap (caps.py); the worker whose
+        # own cancelled attempt it is holds the slot already.
+        limits = caps() if after_cancel_of is None else None
+        with transaction.atomic() if limits is not None else contextlib.nullcontext():
+            task = self._read_with_now(task_id)
+            if task is None:
                 return None
-            reason = "took the compensations over"
-        else:
-            if not (task.state == TaskState.CANCELLING
-                    and task.lease_token == after_cancel_of + 1):
+            now, enqueued_at = _aware(task.pilot_db_now), task.enqueued_at
+            if after_cancel_of is None:
+                if not task.is_resumable(now):
+                    return None
+                if not self._slot_free(task.owner_id, task.workflow, limits, undo=True):
+                    # Over its cap: this message is consumed; the phase is owed one.
+                    Task.objects.filter(pk=task.pk, lease_token=task.lease_token).update(
+                        enqueued_at=None)
+                    return None
+                reason = "took the compensations over"
+            else:
+                if not (task.state == TaskState.CANCELLING
+                        and task.lease_token == after_cancel_of + 1):
+                    return None
+                reason = "its running attempt was cancelled: compensating it"
+            try:
+                self.transition(task, "resume", at=now, actor=f"worker:{worker}", reason=reason,
+                                worker=worker, now=now, lease=lease)
+            except ConcurrentTransition:
                 return None
-            reason = "its running attempt was cancelled: compensating it"
-        try:
-            self.transition(task, "resume", at=now, actor=f"worker:{worker}", reason=reason,
-                            worker=worker, now=now, lease=lease)
-        except ConcurrentTransition:
-            return None
         return Claimed(task, now, enqueued_at, worker)
+
+    def held_by(self, *, worker: str, task_id: Any = None,
+                besides: Iterable[Any] = ()) -> Claimed | None:
+        """The task `worker` holds by its own latest claim or take-over — under
+        its live lease, the task's last audit row that claim (or resume) by this
+        worker — whose reply the worker may have lost: `task_id`'s, and not one
+        of `besides`. A worker id is unique to its process and a worker runs one
+        task at a time, so the answer is unambiguous; a claim older than
+        ADOPTABLE_SECONDS is not adopted (a process restarted under a reused pid
+        must not take its predecessor's task for its own). None when there is
+        none. Reads only."""
+        actor = f"worker:{worker}"[:200]
+        held = (Task.objects.annotate(pilot_db_now=Now())
+                .filter(state__in=LEASED_STATES, lease_owner=worker[:200],
+                        lease_expires_at__gt=Now()))
+        if task_id is not None:
+            held = held.filter(pk=task_id)
+        held = held.exclude(pk__in=list(besides))
+        recent = self._later(-timedelta(seconds=ADOPTABLE_SECONDS))
+        for task in held.order_by("-updated_at")[:3]:
+            last = (TaskTransition.objects.filter(task_id=task.pk).order_by("-id")
+                    .annotate(pilot_recent=ExpressionWrapper(Q(at__gte=recent),
+                                                             output_field=BooleanField()))
+                    .values_list("transition", "actor", "pilot_recent").first())
+            if last in (("claim", actor, True), ("resume", actor, True)):
+                return Claimed(task, _aware(task.pilot_db_now), None, worker, adopted=True)
+        return None
 
     def checkpoints(self, task_id: Any) -> dict[int, StepCheckpoint]:
         return {cp.index: cp for cp in StepCheckpoint.objects.filter(task_id=task_id)}
@@ -323,7 +411,7 @@ class OrmStore:
         if delivery_owed(task):
             deliveries_enqueue_on_commit([delivery_message_id(task.pk, task.state,
                                                               task.restarts)])
-        emit_on_commit("task_transitioned", task_id=str(task.pk), workflow=task.workflow,
+        emit_on_commit(Event.TASK_TRANSITIONED, task_id=str(task.pk), workflow=task.workflow,
                        transition=name, from_state=from_state, to_state=task.state,
                        attempt=task.attempts, actor=actor, trace_id=task.trace_id or None)
         return following
@@ -351,10 +439,12 @@ class OrmStore:
     def delivery_insert(self, task: Task) -> None:
         """The outbox row of `task`'s ending (in the caller's transaction): due
         now, its message counted as sent (the caller enqueues it on commit), given
-        up PILOT_WEBHOOK_GIVE_UP_SECONDS from now — all the database's time. The
+        up PILOT_WEBHOOK_GIVE_UP_SECONDS from now — all the database's time —
+        with the task's owner and traceparent (a delivery outlives its task). The
         unique (task, state, restarts) makes a second insert a no-op."""
         WebhookDelivery.objects.bulk_create([WebhookDelivery(
-            task_id=task.pk, task_state=task.state, restarts=task.restarts,
+            task_id=task.pk, owner_id=task.owner_id, traceparent=task.traceparent,
+            task_state=task.state, restarts=task.restarts,
             url=task.callback_url, created_at=Now(), next_attempt_at=Now(), enqueued_at=Now(),
             give_up_at=self._later(give_up_after()))], ignore_conflicts=True)
 
@@ -373,6 +463,20 @@ class OrmStore:
     def create_or_replay(self, task: Task) -> tuple[str, Task] | None:
         """A fast path for one trigger (see PostgresStore); None: take the general path."""
         return None
+
+    # --- time, for an author's tests (workflows.testing) -----------------------------------
+
+    def skip_backoff(self, task_id: Any) -> int:
+        """What waits out a backoff (a retry, a deferred compensation) is due at
+        the database's now. Not a transition (the token stays): time passing."""
+        return (Task.objects.filter(pk=task_id, next_attempt_at__isnull=False,
+                                    state__in=[TaskState.RETRYING, *COMPENSATION_STATES])
+                .update(next_attempt_at=Now()))
+
+    def expire_lease(self, task_id: Any) -> int:
+        """The task's lease ran out a second ago (as after its worker's death)."""
+        return Task.objects.filter(pk=task_id, lease_expires_at__isnull=False).update(
+            lease_expires_at=self._later(-timedelta(seconds=1)))
 
     # --- the replay log ---------------------------------------------------------------------
 
@@ -409,33 +513,22 @@ class OrmStore:
 
 
 class SqliteStore(OrmStore):
-    """SQLite allows one writer at a time. Connections begin IMMEDIATE (every
-    transaction takes the write lock at BEGIN, so two writers queue on the busy
-    timeout instead of failing on a lock upgrade). An atomic step's transaction
-    instead begins DEFERRED: its body reads without the lock and takes it at its
-    first write, so a step that computes or waits before writing does not hold
-    the whole database for its duration. If another writer committed since the
-    step's first read, SQLite refuses the upgrade (SQLITE_BUSY): the step's
-    transaction rolled back entirely and the runner runs it again
-    (`is_lock_conflict`)."""
+    """SQLite allows one writer at a time. Every transaction begins IMMEDIATE
+    (the connection's `transaction_mode`, pilot/settings.py): it takes the write
+    lock at BEGIN, so two writers queue on the busy timeout instead of failing
+    on a lock upgrade. An atomic step's transaction is no exception: it holds the
+    write lock from its first statement to its COMMIT. Begun DEFERRED (as it
+    once was) its body read on a snapshot, and any commit by anyone between that
+    read and its first write — django-q2's statistics every 0.5 s, another
+    task's heartbeat — made SQLite refuse the write (SQLITE_BUSY_SNAPSHOT,
+    "database is locked", which the busy timeout does not wait out): every
+    round of the step failed, its attempts burned, compensations were given up
+    (review turn 3, F2). The cost: while an atomic step runs, every other writer
+    waits for it (docs/operations.md, "SQLite's limits"). A BEGIN that waited
+    the whole busy timeout in vain is a lock conflict (`is_lock_conflict`): the
+    runner runs the transaction again."""
 
     name = "sqlite"
-
-    @contextlib.contextmanager
-    def atomic_step(self) -> Iterator[None]:
-        if connection.in_atomic_block:
-            with transaction.atomic():
-                yield
-            return
-        connection.ensure_connection()
-        mode = connection.transaction_mode  # type: ignore[attr-defined]  # SQLite's
-        connection.transaction_mode = "DEFERRED"  # type: ignore[attr-defined]
-        try:
-            with transaction.atomic():
-                connection.transaction_mode = mode  # type: ignore[attr-defined]  # only this BEGIN is deferred
-                yield
-        finally:
-            connection.transaction_mode = mode  # type: ignore[attr-defined]
 
     def is_lock_conflict(self, exc: BaseException) -> bool:
         return "database is locked" in str(exc) or "database table is locked" in str(exc)

@@ -37,7 +37,7 @@ from workflows.engine.store.orm import (
 )
 from workflows.engine.store.rows import StepRow
 from workflows.models import StepCheckpoint, Task
-from workflows.observability.events import emit_on_commit
+from workflows.observability.events import Event, emit_on_commit
 
 
 def _load(path: Path) -> dict[str, str]:
@@ -69,26 +69,34 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 _PREPARED_ON: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
-def prepared(sql: str, params: dict[str, Any]) -> tuple[str, Any]:
-    """`sql` (named %(x)s parameters) as `EXECUTE <name>(…)` of a statement
-    prepared once per database connection, and its parameters in order.
+def execute(cursor: Any, sql: str, params: dict[str, Any]) -> None:
+    """Run `sql` (named %(x)s parameters) on `cursor` as `EXECUTE <name>(…)` of a
+    statement prepared once per database connection.
 
     These CTEs cost PostgreSQL more to plan than to run (claim_next: ~1 ms of
     planning for ~0.4 ms of execution); a prepared statement is planned once
     per connection. Off (PILOT_PG_PREPARED=false) behind a pooler that does not
-    keep sessions (pgbouncer in transaction mode)."""
+    keep sessions (pgbouncer in transaction mode).
+
+    The cache is keyed by the session the cursor is open on, read after the
+    cursor was opened: Django's health check (CONN_HEALTH_CHECKS) replaces a
+    dead connection inside `connection.cursor()`, so a statement prepared on
+    the old session is prepared again on the new one instead of failing once
+    ("prepared statement … does not exist") after every reconnect — a
+    PostgreSQL restart or failover (docs/operations.md, "High availability")."""
     if not pilot_settings.PILOT_PG_PREPARED:
-        return sql, params
+        cursor.execute(sql, params)
+        return
     key, text, names = _numbered(sql)
-    connection.ensure_connection()
-    done = _PREPARED_ON.setdefault(connection.connection, set())
+    done = _PREPARED_ON.setdefault(cursor.connection, set())
     if key not in done:
-        with connection.cursor() as cursor:
-            cursor.execute(f"PREPARE {key} AS {text}")
+        cursor.execute(f"PREPARE {key} AS {text}")
         done.add(key)
     if not names:
-        return f"EXECUTE {key}", []
-    return f"EXECUTE {key}({', '.join(['%s'] * len(names))})", [params[n] for n in names]
+        cursor.execute(f"EXECUTE {key}")
+        return
+    cursor.execute(f"EXECUTE {key}({', '.join(['%s'] * len(names))})",
+                   [params[n] for n in names])
 
 
 def _step_arrays(rows: list[StepRow]) -> dict[str, Any]:
@@ -124,8 +132,16 @@ class PostgresStore(OrmStore):
 
     def _run(self, query: str, params: dict[str, Any]) -> Any:
         with connection.cursor() as cursor:
-            cursor.execute(*prepared(QUERIES[query], params))
+            execute(cursor, QUERIES[query], params)
             return cursor.fetchone()
+
+    def _row(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        """The statement's one row as {column: value}, None when it returned none."""
+        with connection.cursor() as cursor:
+            execute(cursor, sql, params)
+            row = cursor.fetchone()
+            return None if row is None else dict(
+                zip([c.name for c in cursor.description], row, strict=True))
 
     def db_now(self) -> datetime:
         return self._run("db_now", {})[0]
@@ -133,16 +149,16 @@ class PostgresStore(OrmStore):
     # --- claims ------------------------------------------------------------------------------
 
     def _claimed(self, query: str, params: dict[str, Any], name: str) -> Claimed | None:
-        rows = list(Task.objects.raw(*prepared(QUERIES[query], params)))
-        if not rows:
+        values = self._row(QUERIES[query], params)
+        if values is None:
             return None
-        task = rows[0]
-        task._update_initial_state()
-        emit_on_commit("task_transitioned", task_id=str(task.pk), workflow=task.workflow,
-                       transition=name, from_state=task.pilot_from_state, to_state=task.state,
-                       attempt=task.attempts, actor=params["actor"],
+        task = _task_from(values)
+        emit_on_commit(Event.TASK_TRANSITIONED, task_id=str(task.pk), workflow=task.workflow,
+                       transition=name, from_state=values["pilot_from_state"],
+                       to_state=task.state, attempt=task.attempts, actor=params["actor"],
                        trace_id=task.trace_id or None)
-        return Claimed(task, task.pilot_db_now, task.pilot_enqueued_at, params["worker"])
+        return Claimed(task, values["pilot_db_now"], values["pilot_enqueued_at"],
+                       params["worker"])
 
     def claim(self, task_id: Any, *, worker: str, lease: timedelta) -> Claimed | None:
         return self._claimed("claim", {"task_id": task_id, "worker": worker[:200],
@@ -155,6 +171,8 @@ class PostgresStore(OrmStore):
         params = {"task_id": task_id, "worker": worker[:200], "actor": f"worker:{worker}"[:200],
                   "lease_seconds": lease.total_seconds(), "token": after_cancel_of}
         query = "resume" if after_cancel_of is None else "resume_after_cancel"
+        if after_cancel_of is None:
+            params["caps"] = caps_json()
         return self._claimed(query, params, "resume")
 
     # --- fenced writes -------------------------------------------------------------------------
@@ -236,10 +254,8 @@ class PostgresStore(OrmStore):
             return self._persist_then_claim(QUERIES["transition_with_steps_then_claim"]
                                             .replace("{sets}", sets), params, task, token,
                                             worker)
-        with connection.cursor() as cursor:
-            cursor.execute(*prepared(QUERIES[query].replace("{sets}", sets), params))
-            if cursor.fetchone() is None:
-                raise ConcurrentTransition(f"task {task.pk} is no longer at version {token}")
+        if self._row(QUERIES[query].replace("{sets}", sets), params) is None:
+            raise ConcurrentTransition(f"task {task.pk} is no longer at version {token}")
         if then_claim_for is None:
             return None
         worker, lease = then_claim_for
@@ -253,17 +269,14 @@ class PostgresStore(OrmStore):
 
     def _persist_then_claim(self, sql: str, params: dict[str, Any], task: Task, token: int,
                             worker: str) -> Claimed | None:
-        with connection.cursor() as cursor:
-            cursor.execute(*prepared(sql, params))
-            columns = [c.name for c in cursor.description]
-            row = cursor.fetchone()
-        values = dict(zip(columns, row, strict=True))
+        values = self._row(sql, params)
+        assert values is not None  # one row always (a LEFT JOIN on one)
         if values["pilot_audit"] is None:
             raise ConcurrentTransition(f"task {task.pk} is no longer at version {token}")
         if values["id"] is None:
             return None
         following = _task_from(values)
-        emit_on_commit("task_transitioned", task_id=str(following.pk),
+        emit_on_commit(Event.TASK_TRANSITIONED, task_id=str(following.pk),
                        workflow=following.workflow, transition="claim",
                        from_state=values["pilot_from_state"], to_state=following.state,
                        attempt=following.attempts, actor=params["claim_actor"],
@@ -285,10 +298,8 @@ class PostgresStore(OrmStore):
                   "source": task.source, "trace_id": task.trace_id,
                   "traceparent": task.traceparent, "callback_url": task.callback_url,
                   "idempotency_ttl": task.idempotency_ttl}
-        with connection.cursor() as cursor:
-            cursor.execute(*prepared(QUERIES["create_or_replay"], params))
-            columns = [c.name for c in cursor.description]
-            values = dict(zip(columns, cursor.fetchone(), strict=True))
+        values = self._row(QUERIES["create_or_replay"], params)
+        assert values is not None  # one row always (a LEFT JOIN on one)
         if values["pilot_created_at"] is not None:
             task.created_at = task.updated_at = task.enqueued_at = values["pilot_created_at"]
             task.pilot_replays, task.pilot_last_replayed_at = 0, None

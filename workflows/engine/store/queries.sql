@@ -25,7 +25,8 @@ WITH prior AS (
                 AND (next_attempt_at IS NULL OR next_attempt_at <= statement_timestamp())))
        FOR UPDATE
 ), slot AS (
-    SELECT id, pilot_claim_slot(owner_id, workflow, %(caps)s::jsonb) AS free FROM prior
+    SELECT id, pilot_claim_slot_v2(owner_id, workflow, %(caps)s::jsonb, false) AS free
+      FROM prior
 ), deferred AS (
     UPDATE workflows_task AS t SET enqueued_at = NULL
       FROM slot
@@ -74,7 +75,8 @@ WITH {blocked} prior AS (
            started_at = COALESCE(t.started_at, statement_timestamp()),
            updated_at = statement_timestamp()
       FROM prior
-     WHERE t.id = prior.id AND pilot_claim_slot(prior.owner_id, prior.workflow, %(caps)s::jsonb)
+     WHERE t.id = prior.id AND pilot_claim_slot_v2(prior.owner_id, prior.workflow,
+                                                          %(caps)s::jsonb, false)
     RETURNING t.*, prior.state AS pilot_from_state, prior.enqueued_at AS pilot_enqueued_at,
               statement_timestamp() AS pilot_db_now
 ), audit AS (
@@ -89,20 +91,29 @@ SELECT * FROM claimed;
 -- name: resume
 -- compensating or cancelling, no live lease, no backoff pending -> the same
 -- state under a new token and this worker's lease (a take-over of the
--- compensation phase); with its audit row.
+-- compensation phase); with its audit row. Undo work counts toward its client's
+-- cap (caps.py): over it, the phase keeps waiting and is marked as owed a
+-- message (enqueued_at NULL: this one is consumed), as a refused claim is.
 WITH prior AS (
-    SELECT id, state, enqueued_at FROM workflows_task
+    SELECT id, state, enqueued_at, owner_id, workflow FROM workflows_task
      WHERE id = %(task_id)s AND state IN ('compensating', 'cancelling')
        AND (lease_expires_at IS NULL OR lease_expires_at < statement_timestamp())
        AND (next_attempt_at IS NULL OR next_attempt_at <= statement_timestamp())
        FOR UPDATE
+), slot AS (
+    SELECT id, pilot_claim_slot_v2(owner_id, workflow, %(caps)s::jsonb, true) AS free
+      FROM prior
+), deferred AS (
+    UPDATE workflows_task AS t SET enqueued_at = NULL
+      FROM slot
+     WHERE t.id = slot.id AND NOT slot.free AND t.enqueued_at IS NOT NULL
 ), resumed AS (
     UPDATE workflows_task AS t
        SET lease_token = t.lease_token + 1, lease_owner = %(worker)s,
            lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
            next_attempt_at = NULL, enqueued_at = NULL, updated_at = statement_timestamp()
-      FROM prior
-     WHERE t.id = prior.id
+      FROM prior, slot
+     WHERE t.id = prior.id AND slot.free
     RETURNING t.*, prior.state AS pilot_from_state, prior.enqueued_at AS pilot_enqueued_at,
               statement_timestamp() AS pilot_db_now
 ), audit AS (
@@ -224,6 +235,10 @@ WITH created AS (
     ON CONFLICT (owner_id, idempotency_key) DO NOTHING
     RETURNING created_at, callback_url
 ), rep AS (
+    -- FOR KEY SHARE: a cleanup deleting this task either committed first (the
+    -- row is gone: nothing replays here, the general path makes a fresh task) or
+    -- waits for this statement's commit (its SKIP LOCKED passes this row by), so
+    -- the replay's log row never points at a task deleted under it.
     SELECT * FROM workflows_task
      WHERE NOT EXISTS (SELECT FROM created)
        AND owner_id = %(owner_id)s AND idempotency_key = %(key)s
@@ -231,6 +246,7 @@ WITH created AS (
        AND (state IN ('pending', 'running', 'retrying', 'compensating')
             OR (state = 'succeeded'
                 AND (expires_at IS NULL OR expires_at > statement_timestamp())))
+       FOR KEY SHARE
 ), logged AS (
     INSERT INTO workflows_taskreplay (task_id, workflow, count, at)
     SELECT id, workflow, 1, statement_timestamp() FROM rep
@@ -363,7 +379,8 @@ WITH changed AS (
            started_at = COALESCE(t.started_at, statement_timestamp()),
            updated_at = statement_timestamp()
       FROM prior
-     WHERE t.id = prior.id AND pilot_claim_slot(prior.owner_id, prior.workflow, %(caps)s::jsonb)
+     WHERE t.id = prior.id AND pilot_claim_slot_v2(prior.owner_id, prior.workflow,
+                                                          %(caps)s::jsonb, false)
     RETURNING t.*, prior.state AS pilot_from_state, prior.enqueued_at AS pilot_enqueued_at,
               statement_timestamp() AS pilot_db_now
 ), claim_audit AS (
@@ -379,24 +396,30 @@ SELECT (SELECT id FROM audit) AS pilot_audit, claimed.*
 -- name: blocked
 -- (Spliced into claim_next and transition_with_steps_then_claim as {blocked}, with
 -- {unblocked} as the candidates' filter.) The clients' cap groups and the
--- workflows at their caps, from the running tasks as this statement sees them
--- (a task the same statement is finishing, %(task_id)s, no longer counts). A
--- choice, not the decision: pilot_claim_slot decides under its locks. No caps
--- (NULL): nothing is blocked, and the running tasks are not even read.
+-- workflows at their caps for a new run (caps.py), from the tasks as this
+-- statement sees them: held (running, or a compensation phase under a live
+-- lease) and, for the clients' groups, undo work waiting for a worker; a task
+-- the same statement is finishing, %(task_id)s, no longer counts. A choice, not
+-- the decision: pilot_claim_slot_v2 decides under its locks. No caps (NULL):
+-- nothing is blocked, and the tasks are not even read.
 running AS (
     SELECT owner_id, workflow,
            CASE WHEN jsonb_exists(%(caps)s::jsonb -> 'own', workflow) THEN workflow ELSE ''
-           END AS grp
+           END AS grp,
+           state = 'running' OR lease_expires_at > statement_timestamp() AS held
       FROM workflows_task
-     WHERE %(caps)s::jsonb IS NOT NULL AND state = 'running'
-       AND id IS DISTINCT FROM %(task_id)s
+     WHERE %(caps)s::jsonb IS NOT NULL AND id IS DISTINCT FROM %(task_id)s
+       AND (state = 'running'
+            OR (state IN ('compensating', 'cancelling')
+                AND (lease_expires_at > statement_timestamp() OR next_attempt_at IS NULL
+                     OR next_attempt_at <= statement_timestamp())))
 ), blocked_groups AS (
     SELECT owner_id, grp FROM running GROUP BY owner_id, grp
     HAVING count(*) >= COALESCE(NULLIF(
         CASE WHEN grp = '' THEN (%(caps)s::jsonb ->> 'client')::integer
              ELSE (%(caps)s::jsonb -> 'own' ->> grp)::integer END, 0), 2147483647)
 ), blocked_workflows AS (
-    SELECT workflow FROM running GROUP BY workflow
+    SELECT workflow FROM running WHERE held GROUP BY workflow
     HAVING count(*) >= COALESCE(NULLIF((%(caps)s::jsonb -> 'total' ->> workflow)::integer, 0),
                                 2147483647)
 ),
@@ -417,16 +440,20 @@ AND c.workflow::text || '' <> ALL (ARRAY(SELECT workflow FROM blocked_workflows)
 -- (Spliced into transition and transition_with_steps as {deliver}.) The
 -- webhook outbox row of an ending: due now, its message counted as sent (the
 -- store enqueues it on commit; the dispatcher sends it again if that is lost),
--- given up after give_up_seconds. Unique per (task, state, restarts).
+-- given up after give_up_seconds, with the task's owner and traceparent (a
+-- delivery outlives its task: docs/webhooks.md), read from the task's row as
+-- this statement sees it (neither changes in a transition). Unique per
+-- (task, state, restarts).
 , deliver AS (
     INSERT INTO workflows_webhookdelivery
-           (task_id, task_state, restarts, url, state, attempts, last_error, attempt_log,
-            claim_token, claimed_by, next_attempt_at, enqueued_at, give_up_at, created_at)
-    SELECT id, %(to_state)s, %(restarts)s, %(callback_url)s, 'pending', 0, '', '[]'::jsonb,
-           0, '', statement_timestamp(), statement_timestamp(),
+           (task_id, owner_id, traceparent, task_state, restarts, url, state, attempts,
+            last_error, attempt_log, claim_token, claimed_by, next_attempt_at, enqueued_at,
+            give_up_at, created_at)
+    SELECT t.id, t.owner_id, t.traceparent, %(to_state)s, %(restarts)s, %(callback_url)s,
+           'pending', 0, '', '[]'::jsonb, 0, '', statement_timestamp(), statement_timestamp(),
            statement_timestamp() + make_interval(secs => %(give_up_seconds)s),
            statement_timestamp()
-      FROM changed
+      FROM changed JOIN workflows_task AS t ON t.id = changed.id
      WHERE %(deliver)s
     ON CONFLICT (task_id, task_state, restarts) DO NOTHING
 )

@@ -18,11 +18,13 @@ import dataclasses
 from datetime import datetime
 from typing import Any
 
-from workflows.states import StepState
+from workflows.rules.states import StepState
 
 MAX_STEP_ERROR = 4000
 # The error of a step a cancel stopped in flight (the console shows it as cancelled).
 CANCELLED_WHILE_RUNNING = "cancelled while it ran"
+# How a given-up compensation's reason is stored in the step's error.
+COMPENSATION_FAILED_PREFIX = "compensation failed: "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,4 +64,4 @@ def compensated(index: int, name: str, now: datetime) -> StepRow:
 
 def compensation_failed(index: int, name: str, error: str, now: datetime) -> StepRow:
     return StepRow(index, name, StepState.COMPENSATION_FAILED,
-                   error=f"compensation failed: {error}"[:MAX_STEP_ERROR], finished_at=now)
+                   error=f"{COMPENSATION_FAILED_PREFIX}{error}"[:MAX_STEP_ERROR], finished_at=now)

@@ -1,14 +1,11 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from workflows.durations import duration_parse
-from workflows.engine.cleanup import (
-    DEFAULT_BATCH,
-    DEFAULT_YIELD,
-    MAX_BATCH,
-    q_results_prune,
-    tasks_cleanup,
-)
+from workflows.engine import CLEANUP_DEFAULT_BATCH as DEFAULT_BATCH
+from workflows.engine import CLEANUP_DEFAULT_YIELD as DEFAULT_YIELD
+from workflows.engine import CLEANUP_MAX_BATCH as MAX_BATCH
+from workflows.engine import q_results_prune, tasks_cleanup
 from workflows.registry import registry
+from workflows.rules.durations import duration_parse
 
 
 def _duration(text):
@@ -73,4 +70,5 @@ class Command(BaseCommand):
         self.stdout.write(
             f"{verb} {report.tasks} finished task(s) ({report.horizon}) in {report.batches} "
             f"batch(es) of up to {batch_size}, {report.seconds:.2f}s; {verb} {q_results} "
-            f"django-q2 result row(s) older than {q_results_older_than}")
+            f"django-q2 result row(s) older than {q_results_older_than}; {verb} "
+            f"{report.deliveries} ended webhook delivery(ies) whose task was gone")

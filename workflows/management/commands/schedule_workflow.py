@@ -10,9 +10,9 @@ from workflows.engine import (
     schedule_set_enabled,
     schedules_sync_declared,
 )
-from workflows.errors import PilotError
 from workflows.management.commands.trigger_workflow import _payload
 from workflows.models import MissedPolicy
+from workflows.rules.errors import PilotError
 from workflows.selectors import schedule_find, schedules_all
 
 

@@ -8,9 +8,9 @@ from django.core.management.base import BaseCommand, CommandError
 
 from workflows.accounts import CLI_OWNER, cli_owner_get
 from workflows.engine import task_trigger
-from workflows.errors import PilotError
+from workflows.rules.errors import PilotError
+from workflows.rules.states import Source, TaskState
 from workflows.selectors import task_wait_finished
-from workflows.states import Source, TaskState
 
 EXIT_REFUSED, EXIT_FAILED, EXIT_TIMEOUT = 1, 2, 3
 

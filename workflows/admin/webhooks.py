@@ -16,8 +16,9 @@ from django.contrib import admin
 from django.core.exceptions import ValidationError
 
 from workflows.accounts import client_webhook_check, client_webhook_ensure
-from workflows.errors import ValidationFailed
+from workflows.admin.guard import GuardedChangelist
 from workflows.models import ClientWebhook
+from workflows.rules.errors import ValidationFailed
 
 
 class ClientWebhookForm(forms.ModelForm):
@@ -37,7 +38,7 @@ class ClientWebhookForm(forms.ModelForm):
 
 
 @admin.register(ClientWebhook)
-class ClientWebhookAdmin(admin.ModelAdmin):
+class ClientWebhookAdmin(GuardedChangelist, admin.ModelAdmin):
     form = ClientWebhookForm
     list_display = ["owner", "url", "updated_at"]
     search_fields = ["owner__username", "url"]

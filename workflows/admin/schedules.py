@@ -4,6 +4,15 @@ Like the rest of the console it never writes a model itself: the form's values
 go to workflows.engine.schedule_definitions (`schedule_save`,
 `schedule_set_enabled`, `schedule_delete`), which validate, lock and write.
 A schedule declared in code shows read-only, except its `enabled` switch.
+
+Who a schedule runs as is a permission (issue 31, N3): its runs are its
+owner's own tasks — in that client's API list, their webhooks signed with that
+client's secret. Without `workflows.schedule_as_owner` an operator's
+schedules run as the scheduler user (the owner field is not theirs to set),
+and a schedule that runs as anybody else is read-only to them (no change, no
+pause or resume). Superusers and inactive users are never owners
+(accounts.schedule_owner_problem). Every add and change is in Django's admin
+log, naming who the schedule runs as and who saved it.
 Registered on the admin site by WorkflowsConfig.ready().
 """
 
@@ -16,24 +25,38 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from workflows.accounts import SCHEDULER_OWNER, scheduler_owner_get
+from workflows.admin.forms import PayloadField
+from workflows.admin.guard import GuardedChangelist
 from workflows.engine import (
     schedule_delete,
     schedule_save,
     schedule_set_enabled,
     schedule_validate,
 )
-from workflows.errors import ValidationFailed
 from workflows.models import PilotSchedule, ScheduleOrigin
 from workflows.registry import registry
+from workflows.rules.errors import ValidationFailed
 
 _FIELDS = ("name", "workflow", "cron", "payload", "missed", "owner", "enabled")
+OWNER_PERMISSION = "workflows.schedule_as_owner"
+
+
+def may_choose_owner(user) -> bool:
+    return user.has_perm(OWNER_PERMISSION)
+
+
+def runs_as_scheduler(schedule) -> bool:
+    """Whether a saved schedule runs as the scheduler user (a new one: decided by
+    its form)."""
+    return schedule.pk is None or schedule.owner_id is None or \
+        schedule.owner.get_username() == SCHEDULER_OWNER
 _STATUS = ("origin", "next_slot_at", "last_fired_slot", "last_fired_at", "last_task",
            "fired_count", "last_error", "last_error_at", "created_at", "updated_at")
 
 
 class ScheduleForm(forms.ModelForm):
     workflow = forms.ChoiceField(choices=())
-    payload = forms.JSONField(initial=dict, required=False,
+    payload = PayloadField(initial=dict, required=False,
                               widget=forms.Textarea(attrs={"rows": 6, "cols": 80}),
                               help_text="The JSON object every run gets.")
 
@@ -63,7 +86,9 @@ class ScheduleForm(forms.ModelForm):
         data = super().clean()
         if self.instance.pk and self.instance.declared_in_code:
             return data
-        if "owner" in self.fields and not data.get("owner"):
+        if "owner" not in self.fields:  # not this operator's to choose
+            data["owner"] = self.instance.owner if self.instance.pk else scheduler_owner_get()
+        elif not data.get("owner"):
             data["owner"] = scheduler_owner_get()
         try:
             data["cron"] = schedule_validate(
@@ -77,7 +102,7 @@ class ScheduleForm(forms.ModelForm):
 
 
 @admin.register(PilotSchedule)
-class PilotScheduleAdmin(admin.ModelAdmin):
+class PilotScheduleAdmin(GuardedChangelist, admin.ModelAdmin):
     form = ScheduleForm
     list_display = ("name", "workflow", "cron", "missed", "enabled", "origin", "next_slot_at",
                     "last_fired_slot", "fired_count", "health")
@@ -90,11 +115,23 @@ class PilotScheduleAdmin(admin.ModelAdmin):
         return list(_FIELDS) + (list(_STATUS) if obj else [])
 
     def get_readonly_fields(self, request, obj=None):
+        owner = () if may_choose_owner(request.user) else ("owner",)
         if obj is None:
-            return ()
+            return owner
         if obj.declared_in_code:
             return tuple(f for f in _FIELDS if f != "enabled") + _STATUS
-        return ("name", *_STATUS)  # a new name is a new schedule (and new keys)
+        return ("name", *owner, *_STATUS)  # a new name is a new schedule (and new keys)
+
+    def has_change_permission(self, request, obj=None):
+        # Changing (or pausing, resuming) a schedule that runs as a client acts as it.
+        if obj is not None and not runs_as_scheduler(obj) and not may_choose_owner(request.user):
+            return False
+        return super().has_change_permission(request, obj)
+
+    def construct_change_message(self, request, form, formsets, add=False):
+        owner = form.cleaned_data.get("owner") or form.instance.owner
+        what = "Added" if add else f"Changed {', '.join(form.changed_data) or 'nothing'}"
+        return f"{what}; runs as {owner.get_username()} (saved by {request.user.get_username()})"
 
     @admin.display(description="last task")
     def last_task(self, obj):
@@ -118,7 +155,7 @@ class PilotScheduleAdmin(admin.ModelAdmin):
                                      cron=data["cron"], payload=data.get("payload") or {},
                                      owner=data["owner"], missed=data["missed"],
                                      enabled=data["enabled"], origin=ScheduleOrigin.OPERATOR)
-        obj.pk = saved.pk  # the admin's redirect and LogEntry need it
+        obj.pk, obj.owner = saved.pk, saved.owner  # the admin's redirect and LogEntry need them
 
     def delete_model(self, request, obj):
         schedule_delete(name=obj.name, origin=obj.origin)
@@ -145,6 +182,14 @@ class PilotScheduleAdmin(admin.ModelAdmin):
         self._set_enabled(request, queryset, False)
 
     def _set_enabled(self, request, queryset, enabled: bool):
+        if not may_choose_owner(request.user):
+            held = queryset.exclude(owner__username=SCHEDULER_OWNER)
+            if held.exists():
+                self.message_user(request, "Left as they are (they run as another user; "
+                                  f"{OWNER_PERMISSION} is needed): "
+                                  f"{', '.join(held.values_list('name', flat=True))}",
+                                  messages.WARNING)
+            queryset = queryset.filter(owner__username=SCHEDULER_OWNER)
         names = list(queryset.values_list("name", flat=True))
         for name in names:
             schedule_set_enabled(name=name, enabled=enabled)

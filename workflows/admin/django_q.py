@@ -15,20 +15,23 @@ included. Deleting stays possible (a deployment may prefer cron to run
 `cleanup_tasks`). New schedules are code: a data migration, like 0005.
 
 `install()` runs from WorkflowsConfig.ready(), after the admin's autodiscovery
-registered django-q2's admin.
+registered django-q2's admin. Every django-q2 list takes only its own filters'
+parameters (`workflows.admin.guard`).
 """
 
 from __future__ import annotations
 
 from django.contrib import admin
-from django_q.admin import ScheduleAdmin
-from django_q.models import Schedule
+from django_q.admin import FailAdmin, QueueAdmin, ScheduleAdmin, TaskAdmin
+from django_q.models import Failure, OrmQ, Schedule, Success
+
+from workflows.admin.guard import GuardedChangelist, guarded
 
 # The only Schedule fields the admin may change: when, never what.
 TIMING_FIELDS = ("schedule_type", "minutes", "repeats", "next_run", "cron")
 
 
-class LockedScheduleAdmin(ScheduleAdmin):
+class LockedScheduleAdmin(GuardedChangelist, ScheduleAdmin):
     def has_add_permission(self, request):
         return False
 
@@ -42,3 +45,9 @@ def install(site=admin.site) -> None:
     if site.is_registered(Schedule):
         site.unregister(Schedule)
     site.register(Schedule, LockedScheduleAdmin)
+    # django-q2's other lists take only their own filters' parameters too
+    # (workflows.admin.guard): `?func=%00` was a 500.
+    for model, stock in ((Success, TaskAdmin), (Failure, FailAdmin), (OrmQ, QueueAdmin)):
+        if type(site._registry.get(model)) is stock:
+            site.unregister(model)
+            site.register(model, guarded(stock))

@@ -1,4 +1,4 @@
-"""The scheduler loop (workflows/engine/scheduler_loop.py): passes, sleeps, stop."""
+"""The scheduler loop (workflows/engine/loop.py): passes, sleeps, stop."""
 
 import threading
 from datetime import UTC, datetime, timedelta
@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connections
 
+from workflows.engine.loop import MIN_WAIT, scheduler_loop, scheduler_wait
 from workflows.engine.schedule_definitions import schedule_save
-from workflows.engine.scheduler_loop import MIN_WAIT, scheduler_loop, scheduler_wait
 from workflows.engine.schedules import ScheduleFireReport, database_now
 from workflows.models import Task
 

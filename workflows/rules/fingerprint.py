@@ -5,7 +5,7 @@ Pure: no database.
   (sorted keys, no whitespace), so a re-trigger is recognised as the same
   request whatever its key order or spacing.
 - `derive_key` builds a key from a workflow's `key_fields` (the key rule itself
-  is workflows.keys).
+  is workflows.rules.keys).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from workflows.errors import ValidationFailed
+from workflows.rules.errors import ValidationFailed
 
 MAX_PAYLOAD_DEPTH = 32
 

@@ -7,9 +7,19 @@ a thundering herd of retries across the whole window.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
-from workflows.registry import RetryPolicy
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """A workflow's (or the webhook sender's) retries: how many attempts in
+    all (0: no limit), the first delay's ceiling, its growth, its cap."""
+
+    max_attempts: int
+    initial: float
+    factor: float
+    max_delay: float
 
 
 def backoff_ceiling(policy: RetryPolicy, attempt: int) -> float:

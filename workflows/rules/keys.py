@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workflows.errors import IdempotencyKeyInvalid
+from workflows.rules.errors import IdempotencyKeyInvalid
 
 MAX_KEY_LENGTH = 255
 # The longest value that can denote a valid key: an sf-string of MAX_KEY_LENGTH

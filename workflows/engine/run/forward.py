@@ -1,0 +1,225 @@
+"""The forward phase (docs/design.md, "Execution"): the plan's steps without a
+succeeded checkpoint, in order, through the held attempt.
+
+    mark the first step running — a fenced write, so a cancel that landed
+      since the claim stops the run before the step starts
+    run the body; record its success with the next step's start (one write
+      per boundary; the last step's success with the task's, which may claim
+      the next due task in the same statement)
+    a step error → `schedule_retry` while attempts remain; otherwise fail —
+      or, when succeeded steps have compensations, `compensate`, and hand the
+      compensation phase to the driver
+
+It returns what comes next (outcomes.py): `Ended`, `Compensate`, or — when a
+write or a heartbeat found the task changed — `CancelNoticed` with the step in
+flight, or `Lost`. An atomic step's body runs inside the transaction that
+records it; after an error there the phase reads back before deciding (the
+reply to COMMIT may be lost while the commit happened).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Generator
+from datetime import timedelta
+from typing import Any
+
+from workflows.engine import faults
+from workflows.engine.leases import lease_length
+from workflows.engine.plans import Plan, PlanUnavailable, owed_compensations
+from workflows.engine.run.held import Held, StepFailure
+from workflows.engine.run.outcomes import (
+    MISSING,
+    CancelNoticed,
+    Compensate,
+    Ended,
+    InFlight,
+    Lost,
+    Next,
+    RunReport,
+    describe,
+)
+from workflows.engine.store import Claimed
+from workflows.engine.store import rows as step_rows
+from workflows.observability import tracing
+from workflows.observability.events import Event
+from workflows.registry import Step
+from workflows.rules.backoff import backoff_delay
+from workflows.rules.errors import CancelRequested, WorkerSignal, WorkflowChanged
+from workflows.rules.states import TO_COMPENSATE, StepState, TaskState
+
+Recorded = tuple[Any, Claimed | None]  # a step's output, and the task its success claimed
+
+
+class Forward:
+    """The forward phase of `held`'s attempt over `plan`. With `chain_until` (a
+    monotonic deadline) the last step's success also claims the next due task."""
+
+    def __init__(self, held: Held, plan: Plan, report: RunReport, *,
+                 chain_until: float | None = None) -> None:
+        self.held, self.plan, self.report = held, plan, report
+        self.chain_until = chain_until
+        self.in_flight: InFlight | None = None
+        self.succeeded_here: list[int] = []
+        # Whether the last step's success asked to claim the next task with it.
+        self.chained = False
+
+    def run(self) -> Generator[str, None, Next]:
+        try:
+            return (yield from self._steps())
+        except CancelRequested:
+            return CancelNoticed(self.in_flight)
+        except WorkerSignal as signal:
+            return Lost(signal)
+
+    def _steps(self) -> Generator[str, None, Next]:
+        held, plan = self.held, self.plan
+        outputs = {plan.steps[i].name: out for i, out in plan.done().items()}
+        todo = plan.todo()
+        if not todo:  # every step is recorded; the ending was lost with its worker
+            held.transition("succeed", result=outputs[plan.steps[-1].name],
+                            now=held.clock.now())
+            return Ended("succeeded")
+        first = todo[0]
+        held.write([step_rows.started(first, plan.steps[first].name,
+                                      plan.attempts_of(first) + 1, held.clock.now())])
+        for position, index in enumerate(todo):
+            yield "step"
+            step = plan.steps[index]
+            following = todo[position + 1] if position + 1 < len(todo) else None
+            self.in_flight = InFlight(index, step)
+            started = time.monotonic()
+            failed: StepFailure | None = None
+            held.emit(Event.STEP_STARTED, level=logging.DEBUG, step=step.name)
+            task = held.task
+            with tracing.span("pilot.step", parent=task.traceparent, task_id=str(task.pk),
+                              workflow=task.workflow, step=step.name, index=index,
+                              attempt=task.attempts) as span:
+                try:
+                    output, next_claimed = self._step(index, step, outputs, following)
+                except StepFailure as failure:
+                    tracing.span_failed(span, failure.exc)
+                    failed = failure
+            self.in_flight = None
+            if failed is not None:
+                return (yield from self._attempt_failed(index, step, failed.exc))
+            # DEBUG: a line per step is volume, not news (the audit trail and the
+            # step-duration histogram, which still sees every event, carry it).
+            held.emit(Event.STEP_FINISHED, level=logging.DEBUG, step=step.name,
+                      duration_ms=round((time.monotonic() - started) * 1000, 3))
+            self.report.steps_run.append(step.name)
+            self.succeeded_here.append(index)
+            outputs[step.name] = output
+            if following is None:
+                return Ended("succeeded", next_claimed)
+            faults.fault_point("after_checkpoint")
+        raise AssertionError("unreachable: the last step returns")
+
+    def _step(self, index: int, step: Step, outputs: dict[str, Any],
+              following: int | None) -> Recorded:
+        ctx = self.held.context(index, step, outputs=outputs,
+                                progress=self.plan.progress_of(index), atomic=step.atomic)
+        if step.atomic:
+            def body() -> Recorded:
+                output = step.func(ctx)
+                faults.fault_point("after_step_body")
+                return output, self._record(index, step, output, following)
+
+            return self.held.atomically(body, lambda: self._settle(index, following))
+        try:
+            output = step.func(ctx)
+        except Exception as exc:  # noqa: BLE001 - the step's failure, classified by the caller
+            raise StepFailure(exc) from exc
+        self.in_flight.output = output  # type: ignore[union-attr]  # set by _steps
+        faults.fault_point("after_step_body")
+        return output, self._record(index, step, output, following)
+
+    def _record(self, index: int, step: Step, output: Any,
+                following: int | None) -> Claimed | None:
+        """One step boundary, all or nothing: this step's success with the next
+        step's start — or, after the last step, with the task's success."""
+        held = self.held
+        now = held.clock.now()
+        done = step_rows.succeeded(index, step.name, output, now,
+                                   compensable=step.compensation is not None)
+        if following is None:
+            self.chained = self.chain_until is not None and time.monotonic() < self.chain_until
+            return held.transition("succeed", result=output, now=now, steps=[done],
+                                   then_claim=self.chained)
+        nxt = step_rows.started(following, self.plan.steps[following].name,
+                                self.plan.attempts_of(following) + 1, now)
+        held.write([done, nxt])
+        return None
+
+    def _settle(self, index: int, following: int | None) -> Recorded | object:
+        """After an error in an atomic step's transaction: did it commit anyway
+        (the reply to COMMIT was lost)? What it recorded if so, else MISSING."""
+        held = self.held
+        if following is None:
+            fresh = held.reread()
+            if fresh.state == TaskState.SUCCEEDED and held.last_change_was_ours("succeed"):
+                held.adopt(fresh)
+                # The success may have claimed the next task in the same commit.
+                return fresh.result, (held.claimed_next() if self.chained else None)
+            return MISSING
+        cp = held.checkpoint(index)
+        if cp is not None and cp.state == StepState.SUCCEEDED:
+            return cp.output, None
+        return MISSING
+
+    def _attempt_failed(self, index: int, step: Step,
+                        exc: BaseException) -> Generator[str, None, Next]:
+        held = self.held
+        error, error_type = describe(exc)
+        now = held.clock.now()
+        failed = step_rows.failed(index, step.name, error, now)
+        workflow = self.plan.workflow
+        retryable = workflow.is_retryable(exc) and not isinstance(exc, WorkflowChanged)
+        if retryable and held.task.attempts < held.task.max_attempts:
+            delay = backoff_delay(workflow.policy, held.task.attempts)
+            held.transition("schedule_retry", reason=f"{error_type}; retry in {delay:.3f}s",
+                            error=error, error_type=error_type, steps=[failed],
+                            next_attempt_at=now + timedelta(seconds=delay))
+            held.emit(Event.RETRY_SCHEDULED, delay_seconds=round(delay, 3), error_type=error_type)
+            return Ended("retrying")
+        if retryable:
+            error = f"attempts exhausted ({held.task.attempts}); last error: {error}"
+        if self._owes_compensation():
+            return (yield from give_up_compensating(held, error, error_type, steps=[failed]))
+        held.transition("fail", reason=error_type, error=error, error_type=error_type,
+                        steps=[failed], now=now)
+        return Ended("failed")
+
+    def _owes_compensation(self) -> bool:
+        stored = self.plan.checkpoints
+        if any(cp.state in TO_COMPENSATE and cp.compensable for cp in stored.values()):
+            return True
+        return any(self.plan.steps[i].compensation is not None for i in self.succeeded_here)
+
+
+def give_up_compensating(held: Held, error: str, error_type: str, *,
+                         steps: list[step_rows.StepRow] | None = None
+                         ) -> Generator[str, None, Next]:
+    """Failed for good with compensations owed: `compensate`, under a fresh lease."""
+    held.transition("compensate", reason=error_type, error=error, error_type=error_type,
+                    steps=steps or [], worker=held.worker, now=held.clock.now(),
+                    lease=lease_length())
+    yield "compensating"
+    return Compensate()
+
+
+def unplannable(held: Held, problem: PlanUnavailable) -> Generator[str, None, Next]:
+    """The workflow cannot be planned (gone, its plan raises, changed under the
+    checkpoints): no step can run. Owed compensations cannot run either; the
+    compensation phase records them as failed, naming the reason."""
+    try:
+        if owed_compensations([held.task.pk]):
+            return (yield from give_up_compensating(held, problem.reason, problem.error_type))
+        held.transition("fail", reason=problem.error_type, error=problem.reason,
+                        error_type=problem.error_type, now=held.clock.now())
+        return Ended("failed")
+    except CancelRequested:
+        return CancelNoticed(None)
+    except WorkerSignal as signal:
+        return Lost(signal)
