@@ -30,6 +30,8 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(tran
 
 LEASE, POLL = 3.0, 0.2
 KILL_EVERY = 2.0
+# The states of a step whose forward effect committed.
+COMMITTED = {"succeeded", "compensating", "compensated", "compensation_failed"}
 
 
 @pytest.fixture
@@ -122,21 +124,37 @@ def test_sagas_and_poison_tasks_keep_every_ledger_exact_under_sigkills(owner, fl
         "task_id", flat=True))
     assert kills >= 5 and recovered - set(poison), (kills, len(recovered))
 
-    given_up = 0
+    given_up = exhausted = 0
     for task_id in failing:  # failed for good; a cancel mid-compensation changes nothing
         task, steps = Task.objects.get(pk=task_id), _steps(task_id)
-        ledger = ledgers[task_id]
+        ledger = ledgers.get(task_id, Counter())
         assert task.state == S.FAILED, (task_id, task.state, task.error, steps)
-        assert (ledger["reserve"], ledger["charge"], ledger["confirm"]) == (1, 1, 0), \
-            (task_id, ledger, steps)
+        # Each forward effect exactly once if its step committed, never otherwise
+        # (reserve and charge are atomic: the effect commits with the record).
+        for step in ("reserve", "charge"):
+            committed = steps.get(step, ("pending",))[0] in COMMITTED
+            assert ledger[step] == int(committed), (task_id, step, ledger, steps)
+        assert ledger["confirm"] == 0, (task_id, ledger, steps)
+        if "confirmation refused" not in steps.get("confirm", ("", 0, 0, ""))[3]:
+            # Every attempt was lost to a kill before the failing step ran: the
+            # run ended there, compensating what had committed.
+            exhausted += 1
+            assert task.error_type in ("LeaseExpired", "CompensationFailed"), (task_id, task.error)
+        else:
+            assert (ledger["reserve"], ledger["charge"]) == (1, 1), (task_id, ledger, steps)
         # Each compensation ran exactly once if recorded, never if given up.
         for step, undo in (("reserve", "release"), ("charge", "refund")):
+            if step not in steps or steps[step][0] not in COMMITTED:
+                assert ledger[undo] == 0, (task_id, ledger, steps)
+                continue
             expected = {"compensated": 1, "compensation_failed": 0}[steps[step][0]]
             assert ledger[undo] == expected, (task_id, ledger, steps, task.error)
-        if ledger != Counter(reserve=1, charge=1, refund=1, release=1):
+        if any(state == "compensation_failed" for state, *_ in steps.values()):
             given_up += 1  # a compensation killed max_attempts times: given up, and said so
             assert task.error_type == "CompensationFailed", (task_id, task.error)
     assert given_up <= len(failing) // 10, given_up
+    # Losing all three attempts to kills is the loaded machine's exception, not the rule.
+    assert exhausted <= len(failing) // 5, exhausted
     assert set(refused) & set(failing), "no cancel landed during a compensation"
     assert not set(accepted) & set(failing)
 
