@@ -11,7 +11,9 @@ side need of the database itself.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
+from typing import ParamSpec, TypeVar
 
 from django.db import DatabaseError, close_old_connections, connection, connections, transaction
 
@@ -78,6 +80,24 @@ def in_transaction() -> bool:
     """Inside an atomic block (an enclosing transaction, a test's included): the
     connection is not the caller's to close."""
     return connection.in_atomic_block
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def in_callers_transaction(verb: Callable[P, R]) -> Callable[P, R]:
+    """Mark a store verb that must run inside its caller's transaction — its
+    row locks and its writes belong to the caller's decision (docs/design.md,
+    "The store"); such a verb's name ends in `_in_tx`. Called outside one, it
+    raises instead of taking locks that would end with its own statement."""
+    @functools.wraps(verb)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not connection.in_atomic_block:
+            raise RuntimeError(f"{verb.__qualname__} must run inside the caller's transaction")
+        return verb(*args, **kwargs)
+
+    return guarded
 
 
 def drop_if_dead() -> None:

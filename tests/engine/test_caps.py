@@ -115,7 +115,7 @@ def test_the_finishing_run_hands_its_slot_to_the_clients_next_task(owner):
     now = store().db_now()
     following = store().transition(claimed.task, "succeed", at=now, actor="test",
                                    steps=[], result={}, now=now,
-                                   then_claim_for=("w1", LEASE))
+                                   then_claim_for=("w1", LEASE)).following
     assert following is not None and following.task.pk == tasks[1].pk
 
 
@@ -216,7 +216,7 @@ def test_many_workers_claiming_and_finishing_never_exceed_a_cap(owner, other_own
             claimed = store().transition(claimed.task, "succeed", at=now, actor=f"w{i}",
                                          result={}, now=now,
                                          then_claim_for=(f"w{i}", LEASE)
-                                         if rng.random() < 0.5 else None)
+                                         if rng.random() < 0.5 else None).following
 
     watcher = threading.Thread(target=monitor, daemon=True)
     watcher.start()

@@ -345,12 +345,11 @@ def test_a_client_without_its_secret_is_not_sent_unsigned(owner, secret):
 
 
 def test_cleanup_deletes_a_tasks_deliveries_with_it(owner, secret):
-    from workflows.engine.cleanup import tasks_delete
-
     with Receiver() as receiver:
         task = trigger(owner, receiver)
         drain(delivered(task))
-    assert tasks_delete([task.pk]) == 1
+    with transaction.atomic():
+        assert store().delete_tasks_in_tx([task.pk]) == 1
     assert not WebhookDelivery.objects.exists()
 
 
@@ -468,7 +467,7 @@ def test_cleanup_leaves_a_delivery_still_being_retried_and_removes_it_once_it_en
 
 def test_cleanup_removes_ended_deliveries_of_deleted_tasks_in_batches_never_a_pending_one(
         owner, secret, temp_workflow):
-    from workflows.engine.delivery_retention import deliveries_prune
+    from workflows.engine.cleanup import deliveries_prune
 
     workflow = temp_workflow("t.ttl0b", idempotency_ttl=0)
     workflow.add_step("only", lambda ctx: "done")
@@ -494,7 +493,6 @@ def test_a_sender_waiting_on_the_task_a_cleanup_deletes_sends_the_body_fixed_bef
     fixed from the task and its steps."""
     import threading
 
-    from workflows.engine.cleanup import tasks_delete
 
     with Receiver() as receiver:
         task = trigger(owner, receiver)
@@ -504,7 +502,7 @@ def test_a_sender_waiting_on_the_task_a_cleanup_deletes_sends_the_body_fixed_bef
         def cleanup_batch():
             with transaction.atomic():
                 list(Task.objects.select_for_update().filter(pk=task.pk))
-                assert tasks_delete([task.pk]) == 1
+                assert store().delete_tasks_in_tx([task.pk]) == 1
                 held.set()
                 assert release.wait(10)
 

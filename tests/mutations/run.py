@@ -219,11 +219,11 @@ WITH changed AS (
         "no-attempt-on-recover",
         "recovering an expired lease gives the lost attempt back (a poison task loops)",
         "workflows/engine/dispatcher.py",
-        (("""                store().transition(task, "recover", at=now, actor=actor,
-                                   reason=f"{reason}; retry in {delay:.3f}s",""",
-          """                store().transition(task, "recover", at=now, actor=actor,
-                                   set_fields={"attempts": task.attempts - 1},
-                                   reason=f"{reason}; retry in {delay:.3f}s","""),),
+        (("""                move(task, "recover", at=now, actor=actor,
+                     reason=f"{reason}; retry in {delay:.3f}s",""",
+          """                move(task, "recover", at=now, actor=actor,
+                     set_fields={"attempts": task.attempts - 1},
+                     reason=f"{reason}; retry in {delay:.3f}s","""),),
         ("tests/engine/test_dispatcher.py::"
          "test_a_poison_task_that_kills_every_worker_ends_failed_after_max_attempts",),
         promise="crash", ci=False,
@@ -287,9 +287,9 @@ WITH changed AS (
         "trigger-insert-in-request-order",
         "a batch trigger inserts its new keys in request order, not key order (two batches "
         "sharing keys in opposite orders deadlock; the retry hid it) — audit M1",
-        "workflows/engine/triggers.py",
-        (("bulk_create(sorted(fresh.values(), key=lambda t: t.idempotency_key),",
-          "bulk_create(list(fresh.values()),"),),
+        "workflows/engine/store/orm.py",
+        (("bulk_create(sorted(tasks, key=lambda t: t.idempotency_key),",
+          "bulk_create(list(tasks),"),),
         ("tests/concurrency/test_trigger_races.py::"
          "test_two_batches_of_the_same_keys_in_opposite_orders_interleaved_do_not_deadlock",
          "tests/concurrency/test_trigger_races.py::"
@@ -300,10 +300,9 @@ WITH changed AS (
         "recover-drops-step-progress",
         "the dispatcher's recover also clears the interrupted step's cursor (the next "
         "attempt starts the step over) — audit M2",
-        "workflows/engine/dispatcher.py",
-        (("""its worker was lost ({reason})",
-                finished_at=now)""", """its worker was lost ({reason})",
-                finished_at=now, progress=None)"""),),
+        "workflows/engine/store/orm.py",
+        (("""            state=StepState.FAILED, error=error, finished_at=at)""",
+          """            state=StepState.FAILED, error=error, finished_at=at, progress=None)"""),),
         ("tests/windows/test_crash_windows.py::"
          "test_a_crash_mid_step_resumes_from_the_cursor_it_saved",),
         promise="crash", ci=True,
@@ -363,9 +362,10 @@ WITH changed AS (
         "schedule-pass-without-row-lock",
         "the scheduler takes a due schedule without locking it (two schedulers fire one "
         "slot) — audit M8",
-        "workflows/engine/schedules.py",
-        (("""    return (PilotSchedule.objects.select_for_update(skip_locked=True, of=("self",))""",
-          """    return (PilotSchedule.objects"""),),
+        "workflows/engine/store/schedules.py",
+        (("        return (PilotSchedule.objects.select_for_update(skip_locked=True, "
+          "of=(\"self\",))",
+          "        return (PilotSchedule.objects"),),
         ("tests/engine/test_schedules.py::"
          "test_a_schedule_locked_by_another_scheduler_is_passed_by_not_waited_for",),
         promise="schedules", ci=True,
@@ -454,7 +454,7 @@ WITH changed AS (
         "webhook-claim-without-row-locks",
         "a webhook sender's claim reads the task and the delivery without locking them "
         "(two senders racing both claim one attempt)",
-        "workflows/engine/deliveries.py",
+        "workflows/engine/store/deliveries.py",
         (("        task = Task.objects.select_for_update().filter(pk=task_id).first()\n"
           "        delivery = (WebhookDelivery.objects.select_for_update()"
           ".annotate(pilot_db_now=Now())",
@@ -478,7 +478,7 @@ WITH changed AS (
         "webhook-resend-keeps-the-claim",
         "an operator's re-send leaves the claim token as it was (a slow sender's late outcome "
         "overwrites the re-send)",
-        "workflows/engine/deliveries.py",
+        "workflows/engine/store/deliveries.py",
         (("            claim_token=F(\"claim_token\") + 1, resend_owed=True)",
           "            resend_owed=True)"),),
         ("tests/engine/test_deliveries.py::"

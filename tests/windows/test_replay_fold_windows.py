@@ -13,8 +13,8 @@ from django.db import connection, transaction
 
 from tests.support.helpers import in_thread, pop_queued, run_at_once, wait_for
 from workflows.engine import faults
-from workflows.engine.cleanup import tasks_delete
 from workflows.engine.replays import replays_fold
+from workflows.engine.store import store
 from workflows.engine.triggers import task_trigger
 from workflows.models import Task, TaskReplay
 from workflows.rules.states import TaskState as S
@@ -91,7 +91,7 @@ def test_a_cleanup_deleting_the_task_inside_a_folds_window_deletes_every_row(own
     def cleanup():
         try:
             with transaction.atomic():
-                done["deleted"] = tasks_delete([task.pk])
+                done["deleted"] = store().delete_tasks_in_tx([task.pk])
         except BaseException as exc:  # noqa: BLE001 - reported below
             done["error"] = exc
         finally:

@@ -8,12 +8,12 @@
      LIMIT batch FOR UPDATE SKIP LOCKED
     -- re-check each locked row is still finished and past the horizon
     DELETE the ended webhook deliveries (a pending one outlives its task, its
-      body fixed first: delivery_retention.deliveries_outlive), steps, transitions,
-      replays, then the tasks (`tasks_delete`)
+      body fixed first: store/deliveries.py, `outlive`), steps, transitions,
+      replays, then the tasks (the store's `delete_tasks`)
     COMMIT
 
 and then removes, in batches too, the deliveries that outlived their task and
-have ended since (`delivery_retention.deliveries_prune`).
+have ended since (`deliveries_prune`).
 
 Why it is safe beside everything else that runs:
 - a trigger deciding on an expired key holds that row FOR UPDATE: cleanup skips
@@ -47,30 +47,14 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from django_q.models import Task as QResult
 
-from workflows.engine.delivery_retention import deliveries_outlive, deliveries_prune
 from workflows.engine.store import store
-from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition
+from workflows.models import Task
 from workflows.observability.events import Event, emit
 from workflows.rules.states import FINISHED_STATES
 
 DEFAULT_YIELD = 1.0  # the command's default: half the database's time at most
 DEFAULT_BATCH = 1000
 MAX_BATCH = 10000
-
-
-def tasks_delete(task_ids: list[Any]) -> int:
-    """Delete the tasks and everything hanging off them, children first, in the
-    caller's transaction — but a webhook delivery not yet delivered or given
-    up, which outlives its task (its body fixed from the task and steps first;
-    docs/webhooks.md). Returns the number of tasks deleted. The caller decides
-    which ids are safe to delete (finished ones, under a lock)."""
-    if not task_ids:
-        return 0
-    deliveries_outlive(task_ids)  # before the steps go: a body may need them
-    StepCheckpoint.objects.filter(task_id__in=task_ids)._raw_delete(StepCheckpoint.objects.db)
-    TaskTransition.objects.filter(task_id__in=task_ids)._raw_delete(TaskTransition.objects.db)
-    TaskReplay.objects.filter(task_id__in=task_ids)._raw_delete(TaskReplay.objects.db)
-    return Task.objects.filter(pk__in=task_ids)._raw_delete(Task.objects.db)
 
 
 @dataclasses.dataclass
@@ -177,11 +161,32 @@ def _delete_batch(horizon: _Horizon, batch_size: int) -> tuple[int, int]:
     """One transaction: lock up to `batch_size` candidates (skipping rows others
     hold), re-check them, delete. Returns (deleted, locked)."""
     with transaction.atomic():
-        rows = list(horizon.queryset().select_for_update(skip_locked=True).order_by()
-                    .values_list("pk", "state", "expires_at", "finished_at")[:batch_size])
+        rows = store().lock_free_in_tx(horizon.queryset().order_by()
+                                 .values_list("pk", "state", "expires_at", "finished_at"),
+                                 batch_size)
         ids = [pk for pk, state, expires_at, finished_at in rows
                if horizon.holds(state, expires_at, finished_at)]
-        return tasks_delete(ids), len(rows)
+        return store().delete_tasks_in_tx(ids), len(rows)
+
+
+def deliveries_prune(*, batch_size: int = 1000, dry_run: bool = False) -> int:
+    """Delete the deliveries that outlived their task and have ended since
+    (delivered or failed), `batch_size` per transaction, skipping rows others
+    hold (a sender recording, a second cleanup). Returns how many (would) go.
+    A pending one is never touched: it is still owed."""
+    rows = store().deliveries
+    if dry_run:
+        return rows.detached_ended().count()
+    total = 0
+    while True:
+        with transaction.atomic():
+            gone = rows.prune_detached_in_tx(batch_size)
+        total += gone
+        if gone < batch_size:
+            break
+    if total:
+        emit(Event.WEBHOOK_DELIVERIES_PRUNED, deleted=total)
+    return total
 
 
 def q_results_prune(*, older_than: timedelta, batch_size: int = DEFAULT_BATCH,
@@ -199,7 +204,7 @@ def q_results_prune(*, older_than: timedelta, batch_size: int = DEFAULT_BATCH,
         with transaction.atomic():
             ids = list(old.order_by().values_list("pk", flat=True)[:batch_size])
             if ids:
-                QResult.objects.filter(pk__in=ids)._raw_delete(QResult.objects.db)
+                store().delete_q_results(ids)
         total += len(ids)
         if len(ids) < batch_size:
             break

@@ -38,7 +38,7 @@ One client's or one receiver's slowness holds at most its caps' worth of
 workers, and a waiting delivery never loops through the broker. Every time is
 the database's: the claim reads it, the record continues it.
 
-A delivery outlives its task (delivery_retention.py): when cleanup or an
+A delivery outlives its task (store/deliveries.py, `outlive`): when cleanup or an
 expired key's re-trigger deletes the task, a pending delivery stays, its body
 fixed first, and goes on being sent; it needs nothing of the task but its id.
 
@@ -58,12 +58,13 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 from django.db.models import F, Q, QuerySet, Window
-from django.db.models.functions import Now, RowNumber
+from django.db.models.functions import RowNumber
 
 from workflows.accounts import client_signing_secrets
 from workflows.conf import pilot_settings
 from workflows.engine.enqueue import deliveries_enqueue_on_commit
 from workflows.engine.leases import DbClock, worker_id
+from workflows.engine.store import store
 from workflows.engine.store.orm import give_up_after
 from workflows.engine.webhook_slots import Limits, Slots, breaker_record, slot_take
 from workflows.models import DeliveryState, StepCheckpoint, Task, WebhookDelivery
@@ -172,15 +173,14 @@ def _claim_or_why(message_id: str, worker: str, started: float) -> _Claim | str:
         return SKIPPED
     task_id, task_state, restarts = parsed
     limits = Limits.now()
+    rows = store().deliveries
     with transaction.atomic():
         # The one lock order: the task (while it exists: a delivery outlives
         # it), then the delivery.
-        task = Task.objects.select_for_update().filter(pk=task_id).first()
-        delivery = (WebhookDelivery.objects.select_for_update().annotate(pilot_db_now=Now())
-                    .filter(task_id=task_id, task_state=task_state, restarts=restarts).first())
-        if delivery is None or delivery.state != DeliveryState.PENDING:
+        locked = rows.lock_for_claim_in_tx(task_id, task_state, restarts)
+        if locked is None or locked[1].state != DeliveryState.PENDING:
             return SKIPPED
-        now = delivery.pilot_db_now
+        task, delivery, now = locked
         if delivery.next_attempt_at > now or (delivery.claimed_until is not None
                                               and delivery.claimed_until > now):
             return SKIPPED  # not due yet, or a live sender has it
@@ -193,12 +193,11 @@ def _claim_or_why(message_id: str, worker: str, started: float) -> _Claim | str:
         if why:
             # Nothing sent: the message is consumed and the delivery is owed one,
             # which a freed slot (or the dispatcher) sends — never a loop.
-            WebhookDelivery.objects.filter(pk=delivery.pk).update(enqueued_at=None,
-                                                                  endpoint=endpoint)
+            rows.owe_message(delivery.pk, endpoint=endpoint)
             return why
         body = delivery.body
         if body is None:
-            if task is None:  # cannot happen: deliveries_outlive fixes it first
+            if task is None:  # cannot happen: the store's `outlive` fixes it first
                 _end(delivery, DeliveryState.FAILED, now,
                      error="gave up: its task was deleted before its body was fixed")
                 return SKIPPED
@@ -206,13 +205,10 @@ def _claim_or_why(message_id: str, worker: str, started: float) -> _Claim | str:
                                 .order_by("index")).decode("ascii")
         secrets = client_signing_secrets(delivery.owner_id, now)
         token = delivery.claim_token + 1
-        WebhookDelivery.objects.filter(pk=delivery.pk).update(
-            claim_token=token, claimed_by=worker[:200],
-            claimed_until=now + timedelta(seconds=_timeout() + CLAIM_MARGIN_SECONDS),
-            attempts=delivery.attempts + 1, enqueued_at=None, last_attempt_at=now, body=body,
-            endpoint=endpoint, resend_owed=False)
-        delivery.attempts += 1
-        delivery.endpoint = endpoint
+        rows.claim_attempt_in_tx(delivery, token=token, worker=worker, now=now, body=body,
+                           claimed_until=now + timedelta(seconds=_timeout()
+                                                         + CLAIM_MARGIN_SECONDS),
+                           endpoint=endpoint)
     return _Claim(delivery, token, DbClock(now), secrets, body.encode("ascii"), endpoint,
                   started + _timeout(), task.workflow if task is not None else None,
                   (task.trace_id if task is not None else "")
@@ -269,8 +265,8 @@ def _record(claim: _Claim, answer: Answer) -> str:
     for round_ in range(3):
         try:
             with transaction.atomic():
-                held = WebhookDelivery.objects.filter(pk=delivery.pk,
-                                                      claim_token=claim.token).update(**fields)
+                held = store().deliveries.record_outcome(delivery.pk, claim_token=claim.token,
+                                                          fields=fields)
                 if held and claim.secrets:
                     paused = breaker_record(claim.endpoint, ok=answer.ok, now=now,
                                             error=answer.error)
@@ -299,8 +295,7 @@ def _host(endpoint: str) -> str:
 
 
 def _end(delivery: WebhookDelivery, state: str, now: datetime, *, error: str) -> None:
-    WebhookDelivery.objects.filter(pk=delivery.pk).update(state=state, last_error=error,
-                                                          claimed_until=None, claimed_by="")
+    store().deliveries.end(delivery.pk, state, error=error)
     emit_on_commit(Event.WEBHOOK_GAVE_UP, task_id=str(delivery.task_id),
                    delivery=delivery.message_id, attempt=delivery.attempts)
 
@@ -375,11 +370,9 @@ def _enqueue_chosen(now: datetime, due: QuerySet[WebhookDelivery], batch: int,
     if not chosen:
         return 0, False
     with transaction.atomic():
-        rows = list(WebhookDelivery.objects.filter(_due(now), pk__in=chosen)
-                    .select_for_update(skip_locked=True)
-                    .only("pk", "task_id", "task_state", "restarts").order_by("id"))
+        rows = store().deliveries.mark_sent_in_tx(WebhookDelivery.objects.filter(_due(now)),
+                                                  chosen, now)
         if rows:
-            WebhookDelivery.objects.filter(pk__in=[d.pk for d in rows]).update(enqueued_at=now)
             # The back of the queue: a retry (or a burst to one slow receiver)
             # must not go ahead of the runs waiting for a worker.
             deliveries_enqueue_on_commit([d.message_id for d in rows], front=False)
@@ -405,20 +398,15 @@ def delivery_resend(*, delivery_id: Any, user: Any, reason: str = "") -> Webhook
     if not user.has_perm(RESEND_PERMISSION):
         raise PermissionDenied("You may not re-send webhooks")
     with transaction.atomic():
-        Task.objects.select_for_update().filter(pk=delivery.task_id).first()
-        delivery = (WebhookDelivery.objects.select_for_update().annotate(pilot_db_now=Now())
-                    .filter(pk=delivery_id).first())
-        if delivery is None:
+        locked = store().deliveries.lock_for_resend_in_tx(delivery_id, delivery.task_id)
+        if locked is None:
             raise TaskNotFound("No such delivery")
-        now = delivery.pilot_db_now
+        delivery, now = locked
         if delivery.claimed_until is not None and delivery.claimed_until > now:
             raise InvalidTransition("An attempt of this delivery is in flight; wait for it "
                                     "to end (at most "
                                     f"{_timeout() + CLAIM_MARGIN_SECONDS:g} s)")
-        WebhookDelivery.objects.filter(pk=delivery.pk).update(
-            state=DeliveryState.PENDING, next_attempt_at=now, enqueued_at=now,
-            give_up_at=now + give_up_after(), claimed_until=None, claimed_by="",
-            claim_token=F("claim_token") + 1, resend_owed=True)
+        store().deliveries.resend(delivery.pk, now=now, give_up_at=now + give_up_after())
         deliveries_enqueue_on_commit([delivery.message_id], front=True)
         emit_on_commit(Event.WEBHOOK_RESENT, task_id=str(delivery.task_id),
                        delivery=delivery.message_id, actor=getattr(user, "username", "?"),
@@ -436,13 +424,7 @@ def deliveries_freeze(task: Task) -> int:
     carries the restarted task. Returns how many; no query without an endpoint."""
     if not task.callback_url:
         return 0
-    ids = list(WebhookDelivery.objects.filter(task_id=task.pk, body__isnull=True)
-               .values_list("pk", flat=True))
-    if not ids:
-        return 0
-    body = webhook_body(task, StepCheckpoint.objects.filter(task_id=task.pk).order_by("index"))
-    return WebhookDelivery.objects.filter(pk__in=ids, body__isnull=True).update(
-        body=body.decode("ascii"))
+    return store().deliveries.freeze_bodies_in_tx(task)
 
 
 __all__ = ["SendReport", "deliveries_enqueue_due", "deliveries_freeze", "delivery_resend",

@@ -49,17 +49,18 @@ from django.db import transaction
 from django.db.models import Count, Min, Q, QuerySet
 
 from workflows.conf import pilot_settings
+from workflows.engine.announce import move
 from workflows.engine.caps import Slots, blocked_q, caps
 from workflows.engine.deliveries import deliveries_enqueue_due
 from workflows.engine.enqueue import enqueue_on_commit
 from workflows.engine.leases import worker_id
 from workflows.engine.plans import owed_compensations
 from workflows.engine.store import store
-from workflows.models import StepCheckpoint, Task
+from workflows.models import Task
 from workflows.observability.events import Event, emit, emit_on_commit
 from workflows.registry import registry
 from workflows.rules.backoff import RetryPolicy, backoff_delay
-from workflows.rules.states import COMPENSATION_STATES, StepState, TaskState
+from workflows.rules.states import COMPENSATION_STATES, TaskState
 
 BATCH = 200
 # Lost messages re-sent per pass, oldest due first. A re-sent task also wakes a
@@ -121,7 +122,7 @@ def dispatch_once(*, batch: int = BATCH, actor: str | None = None) -> DispatchRe
 def _locked(qs: QuerySet[Task], batch: int, report: DispatchReport | None) -> list[Task]:
     """Up to `batch` rows of `qs`, locked, skipping rows others hold; a full batch
     says (on `report`) that the loop should run again at once."""
-    rows = list(qs.select_for_update(skip_locked=True)[:batch])
+    rows = store().lock_free_in_tx(qs, batch)
     if report is not None:
         report.full = report.full or len(rows) == batch
     return rows
@@ -157,26 +158,25 @@ def _recover_expired_leases(now: datetime, batch: int, actor: str,
             reason = (f"lease held by {task.lease_owner or '?'} expired at "
                       f"{task.lease_expires_at.isoformat()}")  # type: ignore[union-attr]  # held
             # No worker runs its step any more: say so (the next attempt rewrites it).
-            StepCheckpoint.objects.filter(task_id=task.pk, state=StepState.RUNNING).update(
-                state=StepState.FAILED, error=f"interrupted: its worker was lost ({reason})",
-                finished_at=now)
+            store().interrupt_steps(task.pk, error=f"interrupted: its worker was lost ({reason})",
+                                    at=now)
             if task.attempts < task.max_attempts:
                 delay = backoff_delay(policy, task.attempts)
-                store().transition(task, "recover", at=now, actor=actor,
-                                   reason=f"{reason}; retry in {delay:.3f}s",
-                                   next_attempt_at=now + timedelta(seconds=delay))
+                move(task, "recover", at=now, actor=actor,
+                     reason=f"{reason}; retry in {delay:.3f}s",
+                     next_attempt_at=now + timedelta(seconds=delay))
                 report.recovered += 1
             elif owed.get(task.pk):
                 error = (f"worker lost on attempt {task.attempts} of {task.max_attempts}: lease "
                          "expired with no attempts left; compensating "
                          + ", ".join(owed[task.pk]))
-                store().transition(task, "compensate", at=now, actor=actor, reason=reason,
-                                   error=error, error_type="LeaseExpired",
-                                   set_fields={"enqueued_at": now})
+                move(task, "compensate", at=now, actor=actor, reason=reason,
+                     error=error, error_type="LeaseExpired",
+                     set_fields={"enqueued_at": now})
                 enqueue_on_commit([task.pk], front=True)
                 report.compensations_started += 1
             else:
-                store().transition(
+                move(
                     task, "fail", at=now, actor=actor, reason=reason,
                     error=f"worker lost on attempt {task.attempts} of {task.max_attempts}: "
                           "lease expired with no attempts left",
@@ -216,12 +216,11 @@ def _enqueue_due(now: datetime, batch: int, actor: str, report: DispatchReport) 
 
         def settle(task: Task) -> None:
             if task.state == TaskState.CANCELLING and not owed.get(task.pk):
-                StepCheckpoint.objects.filter(task_id=task.pk, state=StepState.RUNNING).update(
-                    state=StepState.FAILED, error="interrupted: its worker was lost during "
-                                                  "the cancel", finished_at=now)
-                store().transition(task, "finish_cancel", at=now, actor=actor,
-                                   reason="its worker is gone and nothing needs compensating",
-                                   now=now)
+                store().interrupt_steps(task.pk, at=now, error="interrupted: its worker was "
+                                                               "lost during the cancel")
+                move(task, "finish_cancel", at=now, actor=actor,
+                     reason="its worker is gone and nothing needs compensating",
+                     now=now)
                 report.cancels_finished += 1
                 return
             if task.state == TaskState.RETRYING:
@@ -234,7 +233,7 @@ def _enqueue_due(now: datetime, batch: int, actor: str, report: DispatchReport) 
 
         _each(tasks, report, settle)
         if to_enqueue:
-            Task.objects.filter(pk__in=to_enqueue).update(enqueued_at=now)
+            store().mark_sent(to_enqueue, now)
             enqueue_on_commit(to_enqueue, front=True)
 
 
@@ -276,7 +275,7 @@ def _enqueue_owed(now: datetime, batch: int, report: DispatchReport) -> None:
     with transaction.atomic():
         ids = [t.pk for t in _locked(owed.filter(pk__in=chosen).only("pk"), len(chosen), None)]
         if ids:
-            Task.objects.filter(pk__in=ids).update(enqueued_at=now)
+            store().mark_sent(ids, now)
             enqueue_on_commit(ids, front=True)
     report.owed_enqueued += len(ids)
 
@@ -311,6 +310,6 @@ def _reenqueue_lost(now: datetime, report: DispatchReport) -> None:
         ids = [t.pk for t in _locked(waiting.filter(pk__in=chosen).order_by("next_attempt_at")
                                      .only("pk"), RESENDS_PER_PASS, None)]
         if ids:
-            Task.objects.filter(pk__in=ids).update(enqueued_at=now)
+            store().mark_sent(ids, now)
             enqueue_on_commit(ids, front=True)
     report.reenqueued += len(ids)

@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.db.models.functions import Now
 
+from workflows.engine.announce import move
 from workflows.engine.audit import actor_for
 from workflows.engine.deliveries import deliveries_freeze
 from workflows.engine.enqueue import enqueue_on_commit
@@ -29,7 +29,6 @@ from workflows.engine.store import store
 from workflows.models import StepCheckpoint, Task
 from workflows.observability.events import Event, emit_on_commit
 from workflows.rules.errors import InvalidTransition, PermissionDenied, TaskNotFound
-from workflows.rules.states import StepState
 from workflows.selectors import can_view_all
 
 
@@ -46,8 +45,7 @@ def _sentence(text: str) -> str:
 def _lock_for(user: Any, task_id: Any, *, owner_may: bool, action: str) -> Task:
     """Lock the task (with the database's time) and authorise `user` for
     `action`, or raise."""
-    task = (Task.objects.select_for_update().annotate(pilot_db_now=Now())
-            .filter(pk=task_id).first())
+    task = store().lock_task_in_tx(task_id)
     is_owner = task is not None and user is not None and task.owner_id == user.pk
     if task is None or not (is_owner or can_view_all(user)):
         raise TaskNotFound("No such task")
@@ -73,9 +71,9 @@ def task_cancel(*, task_id: Any, user: Any, reason: str = "", owner_may: bool = 
         plan = cancel_plan(task, owed_compensations([task.pk]).get(task.pk, []))
         if not plan.allowed:
             raise InvalidTransition(_sentence(plan.summary))
-        store().transition(task, "cancel", at=now, actor=actor_for(user), reason=reason,
-                           needs_compensation=plan.compensate, now=now,
-                           set_fields={"enqueued_at": now} if plan.enqueue else None)
+        move(task, "cancel", at=now, actor=actor_for(user), reason=reason,
+             needs_compensation=plan.compensate, now=now,
+             set_fields={"enqueued_at": now} if plan.enqueue else None)
         if plan.enqueue:
             enqueue_on_commit([task.pk])
         emit_on_commit(Event.TASK_CANCEL_REQUESTED, task_id=str(task.pk), workflow=task.workflow,
@@ -108,18 +106,13 @@ def task_restart(task: Task, *, actor: str, from_start: bool = False, reason: st
     plan = retry_plan(task, steps, from_start=from_start)
     if not plan.allowed:
         raise InvalidTransition(_sentence(plan.summary))
-    if plan.reset_to_pending:
-        StepCheckpoint.objects.filter(task_id=task.pk, index__in=plan.reset_to_pending).update(
-            state=StepState.PENDING, output=None, progress=None, error="", compensable=False,
-            compensation_attempts=0, started_at=None, finished_at=None)
-    if plan.keep_as_done:
-        StepCheckpoint.objects.filter(task_id=task.pk, index__in=plan.keep_as_done).update(
-            state=StepState.SUCCEEDED, compensation_attempts=0)
+    store().reset_steps_in_tx(task.pk, to_pending=list(plan.reset_to_pending),
+                        as_done=list(plan.keep_as_done))
     now = task.pilot_db_now
     deliveries_freeze(task)  # the webhooks of the ending keep announcing the ending
-    store().transition(task, "retry", at=now, actor=actor,
-                       reason=reason or plan.summary, budget=plan.budget, now=now,
-                       set_fields={"enqueued_at": now})
+    move(task, "retry", at=now, actor=actor,
+         reason=reason or plan.summary, budget=plan.budget, now=now,
+         set_fields={"enqueued_at": now})
 
 
 def task_skip_backoff(*, task_id: Any) -> int:

@@ -27,7 +27,7 @@ from typing import Any
 from django.db import transaction
 
 from workflows.accounts import schedule_owner_problem, scheduler_owner_get
-from workflows.engine.store import database_now
+from workflows.engine.store import database_now, store
 from workflows.engine.triggers import payload_validate
 from workflows.models import MissedPolicy, PilotSchedule, ScheduleOrigin
 from workflows.observability.events import Event, emit_on_commit
@@ -105,7 +105,7 @@ def schedule_save(*, name: str, workflow: str, cron: str, payload: dict[str, Any
                              owner=owner, missed=missed)
     now = now or database_now()
     with transaction.atomic():
-        schedule = PilotSchedule.objects.select_for_update().filter(name=name).first()
+        schedule = store().schedules.lock_by_name_in_tx(name)
         if schedule is None:
             schedule, created = _create(name=name, workflow=workflow, cron=cron, payload=payload,
                                         owner=owner, missed=missed, origin=origin, now=now,
@@ -126,7 +126,7 @@ def schedule_save(*, name: str, workflow: str, cron: str, payload: dict[str, Any
         if not changed:
             return schedule, UNCHANGED
         schedule.updated_at = now
-        schedule.save(update_fields=[*changed, "updated_at"])
+        store().schedules.write_in_tx(schedule, [*changed, "updated_at"])
         emit_on_commit(Event.SCHEDULE_UPDATED, schedule=name, fields=sorted(changed))
         return schedule, UPDATED
 
@@ -134,17 +134,10 @@ def schedule_save(*, name: str, workflow: str, cron: str, payload: dict[str, Any
 def _create(*, now: datetime, **fields: Any) -> tuple[PilotSchedule, bool]:
     """Insert in a savepoint; (the existing row locked, False) if another
     transaction created the name first."""
-    from django.db import IntegrityError
-
-    schedule = PilotSchedule(**fields, created_at=now, updated_at=now,
-                             next_slot_at=_first_slot(fields["cron"], fields["name"], now)
-                             if fields["enabled"] else None)
-    try:
-        with transaction.atomic():
-            schedule.save(force_insert=True)
-        return schedule, True
-    except IntegrityError:
-        return PilotSchedule.objects.select_for_update().get(name=fields["name"]), False
+    return store().schedules.insert_in_tx(PilotSchedule(
+        **fields, created_at=now, updated_at=now,
+        next_slot_at=_first_slot(fields["cron"], fields["name"], now)
+        if fields["enabled"] else None))
 
 
 def _apply(schedule: PilotSchedule, *, workflow: str, cron: str, payload: dict[str, Any],
@@ -186,7 +179,7 @@ def schedule_set_enabled(*, name: str, enabled: bool,
         schedule.enabled = enabled
         schedule.next_slot_at = _first_slot(schedule.cron, name, now) if enabled else None
         schedule.updated_at = now
-        schedule.save(update_fields=["enabled", "next_slot_at", "updated_at"])
+        store().schedules.write_in_tx(schedule, ["enabled", "next_slot_at", "updated_at"])
         emit_on_commit(Event.SCHEDULE_ENABLED if enabled else "schedule_disabled", schedule=name)
         return schedule
 
@@ -200,12 +193,12 @@ def schedule_delete(*, name: str, origin: str = ScheduleOrigin.OPERATOR) -> None
         if schedule.origin != origin:
             raise ValidationFailed(f"Schedule {name!r} is declared in code; remove it there",
                                    errors={"name": ["Declared in code."]})
-        schedule.delete()
+        store().schedules.remove_in_tx(schedule)
         emit_on_commit(Event.SCHEDULE_DELETED, schedule=name)
 
 
 def _locked(name: str) -> PilotSchedule:
-    schedule = PilotSchedule.objects.select_for_update().filter(name=name).first()
+    schedule = store().schedules.lock_by_name_in_tx(name)
     if schedule is None:
         raise ValidationFailed(f"No schedule is named {name!r}",
                                errors={"name": ["No such schedule."]})

@@ -47,7 +47,7 @@ from django.db.models import Min
 
 from workflows.accounts import schedule_owner_problem
 from workflows.conf import pilot_settings
-from workflows.engine.store import database_now
+from workflows.engine.store import database_now, store
 from workflows.engine.triggers import CREATED, REPLAYED, TriggerRequest, task_trigger_many
 from workflows.models import MissedPolicy, PilotSchedule
 from workflows.observability.events import Event, emit, emit_on_commit
@@ -151,10 +151,7 @@ def schedules_fire_due(*, now: datetime | None = None, batch: int = BATCH,
 
 
 def _lock_next_due(now: datetime, tried: set[int]) -> PilotSchedule | None:
-    return (PilotSchedule.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("owner")
-            .filter(enabled=True, next_slot_at__lte=now).exclude(pk__in=tried)
-            .order_by("next_slot_at", "pk").first())
+    return store().schedules.lock_next_due_in_tx(now, tried)
 
 
 def _fire(schedule: PilotSchedule, now: datetime, grace: float,
@@ -178,7 +175,7 @@ def _fire(schedule: PilotSchedule, now: datetime, grace: float,
                        last=slot_text(skipped[-1]) if skipped else None)
     if chosen:
         fields += _trigger_slots(schedule, chosen, now, report)
-    schedule.save(update_fields=fields)
+    store().schedules.write_in_tx(schedule, fields)
 
 
 def _trigger_slots(schedule: PilotSchedule, chosen: list[datetime], now: datetime,
@@ -235,7 +232,5 @@ def _pause_after_error(pk: int, now: datetime, exc: BaseException,
     report.errors += 1
     log.exception("schedule %s failed; paused", pk, exc_info=exc)
     detail = f"paused after an unexpected error: {type(exc).__name__}: {exc}"
-    PilotSchedule.objects.filter(pk=pk).update(next_slot_at=None, updated_at=now,
-                                               last_error=detail[:MAX_ERROR_LENGTH],
-                                               last_error_at=now)
+    store().schedules.pause_after_error(pk, now=now, error=detail[:MAX_ERROR_LENGTH])
     emit(Event.SCHEDULE_PAUSED, level=logging.ERROR, schedule_id=pk, error=detail[:200])

@@ -46,7 +46,6 @@ from typing import Any
 
 from django.db import OperationalError, transaction
 from django.db.models import Max, Sum
-from django.db.models.functions import Now
 
 from workflows.conf import pilot_settings
 from workflows.engine.audit import actor_for
@@ -375,11 +374,8 @@ def _insert_and_lock(owner: Any, first_by_key: dict[str, _Prepared], source: str
             endpoint = _default_endpoint(owner)
             for task in unset:
                 task.callback_url = endpoint
-        Task.objects.bulk_create(sorted(fresh.values(), key=lambda t: t.idempotency_key),
-                                 ignore_conflicts=True)
-        locked = (Task.objects.select_for_update().annotate(pilot_db_now=Now())
-                  .filter(owner=owner, idempotency_key__in=list(todo))
-                  .order_by("idempotency_key"))
+        store().insert_tasks(list(fresh.values()))
+        locked = store().lock_keys_in_tx(owner, list(todo))
         expired = []
         for task in locked:
             if task.pk == fresh[task.idempotency_key].pk:
@@ -392,9 +388,7 @@ def _insert_and_lock(owner: Any, first_by_key: dict[str, _Prepared], source: str
         if expired:
             # An expired key behaves as new even before cleanup ran: the old run
             # goes (as cleanup would delete it) and the key is inserted again.
-            from workflows.engine.cleanup import tasks_delete
-
-            tasks_delete([t.pk for t in expired])
+            store().delete_tasks_in_tx([t.pk for t in expired])
         todo = {key: item for key, item in todo.items() if key not in rows}
         if not todo:
             return rows, created_ids
@@ -450,9 +444,8 @@ def _record_replays(replay_counts: dict[Any, int], rows: dict[str, Task], now: d
     on) and give every task of the batch its replay count, in two statements."""
     if replay_counts:
         workflows = {task.pk: task.workflow for task in rows.values()}
-        TaskReplay.objects.bulk_create([
-            TaskReplay(task_id=pk, workflow=workflows[pk], count=n, at=now)
-            for pk, n in replay_counts.items()])
+        store().log_replays([TaskReplay(task_id=pk, workflow=workflows[pk], count=n, at=now)
+                             for pk, n in replay_counts.items()])
     counts = {row["task_id"]: row for row in TaskReplay.objects.filter(
         task_id__in=[task.pk for task in rows.values()]).order_by().values("task_id").annotate(
         n=Sum("count"), last=Max("at"))}

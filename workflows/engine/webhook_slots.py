@@ -46,6 +46,7 @@ from django.db.models import Q, QuerySet
 
 from workflows.conf import pilot_settings
 from workflows.database import serialize
+from workflows.engine.store import store
 from workflows.models import DeliveryState, WebhookDelivery, WebhookEndpoint
 from workflows.webhooks.targets import endpoint_of
 
@@ -113,13 +114,7 @@ def _lock_client(owner_id: Any) -> None:
 
 
 def _endpoint_locked(key: str) -> WebhookEndpoint:
-    """The endpoint's row, FOR UPDATE; inserted first if it has none (a race of
-    two inserts leaves one row: the second waits for the first and skips)."""
-    row = WebhookEndpoint.objects.select_for_update().filter(key=key).first()
-    if row is None:
-        WebhookEndpoint.objects.bulk_create([WebhookEndpoint(key=key)], ignore_conflicts=True)
-        row = WebhookEndpoint.objects.select_for_update().get(key=key)
-    return row
+    return store().deliveries.endpoint_locked_in_tx(key)
 
 
 # --- the breaker ---------------------------------------------------------------------------
@@ -136,9 +131,7 @@ def breaker_record(endpoint: str, *, ok: bool, now: datetime, error: str = "",
     if not endpoint or not limits.failures:
         return None
     if ok:
-        (WebhookEndpoint.objects.filter(key=endpoint)
-         .filter(Q(failures__gt=0) | Q(trips__gt=0) | Q(paused_until__isnull=False))
-         .update(failures=0, trips=0, paused_until=None))
+        store().deliveries.endpoint_close(endpoint)
         return None
     row = _endpoint_locked(endpoint)
     row.failures += 1
@@ -147,8 +140,7 @@ def breaker_record(endpoint: str, *, ok: bool, now: datetime, error: str = "",
     if row.failures >= limits.failures and (row.paused_until is None or row.paused_until <= now):
         row.trips += 1
         opened = row.paused_until = now + pause_after(row.trips)
-    row.save(update_fields=["failures", "trips", "paused_until", "last_error",
-                            "last_failure_at"])
+    store().deliveries.endpoint_save_in_tx(row)
     return opened
 
 

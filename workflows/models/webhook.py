@@ -71,7 +71,7 @@ class WebhookDelivery(models.Model):
     # stays as it was, the <task id> of the webhook-id. Everything else a send
     # needs is on the row: `owner` (the signing secret, the client's cap),
     # `traceparent`, and the body, fixed before the task goes
-    # (engine/delivery_retention.py). A nullable reference plus a copied id
+    # (engine/store/deliveries.py, `outlive`). A nullable reference plus a copied id
     # would say the same with two columns and a webhook-id that changes its
     # source; this keeps one.
     task = models.ForeignKey("workflows.Task", on_delete=models.DO_NOTHING,

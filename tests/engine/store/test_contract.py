@@ -423,11 +423,19 @@ def test_claim_next_passes_by_a_task_another_claim_holds(any_store, owner):
 def test_a_success_claims_the_next_due_task_in_the_same_write(any_store, owner):
     held = any_store.claim(make_task(owner, key="done-now").pk, worker="w", lease=LEASE)
     following = make_task(owner, key="next", payload={"nested": {"n": [1, 2]}})
-    claimed = any_store.transition(
+    fact = any_store.transition(
         held.task, "succeed", at=held.db_now, actor="worker:w", result=1, now=held.db_now,
         steps=[rows.succeeded(0, "s", 1, held.db_now, compensable=False)],
         then_claim_for=("w", LEASE))
+    claimed = fact.following
     assert fields(held.task.pk)["state"] == S.SUCCEEDED
+    # The facts the engine announces: the success, and the claim the same write made.
+    assert (fact.task_id, fact.transition, fact.from_state, fact.to_state, fact.actor,
+            fact.delivery) == (held.task.pk, "succeed", S.RUNNING, S.SUCCEEDED, "worker:w", None)
+    assert claimed is not None and claimed.moved is not None
+    assert (claimed.moved.task_id, claimed.moved.transition, claimed.moved.from_state,
+            claimed.moved.to_state, claimed.moved.attempt, claimed.moved.actor) == (
+        following.pk, "claim", S.PENDING, S.RUNNING, 1, "worker:w")
     assert claimed is not None and claimed.task.pk == following.pk and claimed.worker == "w"
     assert (claimed.task.state, claimed.task.lease_token, claimed.task.attempts) == (
         S.RUNNING, 1, 1)
@@ -445,7 +453,7 @@ def test_a_success_claims_the_next_due_task_in_the_same_write(any_store, owner):
         claimed.task, "succeed", at=claimed.db_now, actor="worker:w", result=2,
         now=claimed.db_now,
         steps=[rows.succeeded(0, "s", 2, claimed.db_now, compensable=False)],
-        then_claim_for=("w", LEASE)) is None
+        then_claim_for=("w", LEASE)).following is None
     assert fields(following.pk)["state"] == S.SUCCEEDED
 
 

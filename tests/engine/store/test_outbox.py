@@ -1,7 +1,8 @@
 """The webhook outbox, part of the store contract (docs/webhooks.md, "The
 outbox"): an ending (succeeded, failed, cancelled) of a task with an endpoint
 writes its delivery row with the transition — the same statement on
-PostgreSQL, the same transaction on the ORM store — and enqueues it on commit;
+PostgreSQL, the same transaction on the ORM store — and returns its message id
+in the transition's fact, which the engine enqueues on commit (announce);
 nothing else does, and a task without an endpoint pays nothing. Run on both
 stores, like the rest of the contract."""
 
@@ -17,6 +18,7 @@ from django_fsm import ConcurrentTransition
 
 from tests.factories import make_task, transition_kwargs
 from tests.support.helpers import purge_queue, queued_webhooks
+from workflows.engine.announce import announce
 from workflows.engine.enqueue import uses_orm_broker
 from workflows.engine.store import rows
 from workflows.models import Task, WebhookDelivery
@@ -49,7 +51,7 @@ def kind(sql: str) -> str:
 
 def apply(store_, task, name, **overrides):
     kwargs = {**transition_kwargs(name, task), **overrides}
-    store_.transition(task, name, at=db_now(), actor="test", **kwargs)
+    return store_.transition(task, name, at=db_now(), actor="test", **kwargs)
 
 
 # Each ending, from the state it leaves.
@@ -70,7 +72,7 @@ def test_every_ending_of_a_task_with_an_endpoint_writes_one_delivery_with_it(
     task = make_task(owner, state=start, callback_url=URL)
     purge_queue()
     before = db_now()
-    apply(any_store, task, name, **kwargs)
+    fact = apply(any_store, task, name, **kwargs)
     assert task.state == ended
     assert deliveries(task.pk) == [(ended, 0, URL, "pending", 0, 0, None)]
     row = WebhookDelivery.objects.get(task_id=task.pk)
@@ -78,6 +80,9 @@ def test_every_ending_of_a_task_with_an_endpoint_writes_one_delivery_with_it(
     assert row.next_attempt_at == row.created_at == row.enqueued_at  # due now, message sent
     assert row.give_up_at - row.created_at == timedelta(hours=24)
     assert row.message_id == f"{task.pk}:{ended}:0"
+    assert fact.delivery == row.message_id and fact.to_state == ended
+    assert queued_webhooks() == []  # the store sends nothing: the engine acts on the fact
+    announce(fact)
     assert queued_webhooks() == [row.message_id]
 
 
@@ -100,9 +105,11 @@ def test_a_transition_that_does_not_end_the_task_writes_no_delivery(any_store, o
     task = make_task(owner, state=start, callback_url=URL)
     existing = deliveries(task.pk)  # a finished starting point has its own ending's row
     purge_queue()
-    apply(any_store, task, name)
+    fact = apply(any_store, task, name)
     assert task.state not in (S.SUCCEEDED, S.FAILED, S.CANCELLED)
     assert deliveries(task.pk) == existing
+    assert fact.delivery is None
+    announce(fact)
     assert queued_webhooks() == []
 
 
@@ -115,8 +122,8 @@ def test_a_task_without_an_endpoint_gets_no_delivery_and_pays_no_statement(any_s
     for url in ("", URL):
         task = make_task(owner, state=S.RUNNING, callback_url=url)
         kwargs, at = transition_kwargs("succeed", task), db_now()
-        with CaptureQueriesContext(connection) as captured:
-            any_store.transition(task, "succeed", at=at, actor="test", **kwargs)
+        with CaptureQueriesContext(connection) as captured:  # the ending, and the engine's act
+            announce(any_store.transition(task, "succeed", at=at, actor="test", **kwargs))
         # PREPARE: once per connection and statement, not per ending.
         counts[url] = [q["sql"] for q in captured.captured_queries
                        if not q["sql"].startswith("PREPARE ")]

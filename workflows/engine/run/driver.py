@@ -34,6 +34,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from workflows.engine import faults
+from workflows.engine.announce import announce
 from workflows.engine.leases import Lease, lease_length, worker_id
 from workflows.engine.plans import Plan, PlanUnavailable
 from workflows.engine.run.compensation import Compensation
@@ -241,6 +242,7 @@ class Run:
         while True:
             try:
                 claimed = claim()
+                announce(claimed)
                 faults.fault_point("claim_reply")
                 return claimed
             except TRANSIENT as exc:
@@ -273,6 +275,7 @@ class Run:
         assert cancelled is not None  # a phase ran: held
         claimed = self.store.resume(cancelled.task.pk, worker=self.worker, lease=lease_length(),
                                     after_cancel_of=cancelled.task.lease_token)
+        announce(claimed)
         if claimed is None:
             return Lost(LeaseLost(f"task {cancelled.task.pk} changed again after its cancel"))
         held = self._hold(claimed)

@@ -31,6 +31,7 @@ from django_fsm import ConcurrentTransition
 
 from workflows import database
 from workflows.engine import faults
+from workflows.engine.announce import announce
 from workflows.engine.context import StepContext
 from workflows.engine.leases import DbClock, Lease, LeaseClock, Refused, classify, lease_length
 from workflows.engine.run.outcomes import MISSING, describe
@@ -178,11 +179,12 @@ class Held:
             token = self.task.lease_token
             try:
                 faults.fault_point("before_transition")
-                following = self.fenced(lambda _lease: self.store.transition(
+                fact = self.fenced(lambda _lease: self.store.transition(
                     self.task, name, at=self.clock.now(), actor=self.actor, reason=reason,
                     then_claim_for=then_claim_for, **kwargs))
+                announce(fact)
                 faults.fault_point("transition_reply")
-                return following
+                return fact.following
             except TRANSIENT:
                 if self.in_atomic_step:
                     raise  # the enclosing atomic step settles it

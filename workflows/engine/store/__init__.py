@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from workflows import database
-from workflows.engine.store.orm import Claimed, OrmStore, SqliteStore
+from workflows.engine.store.orm import Claimed, Moved, OrmStore, SqliteStore
 from workflows.engine.store.rows import StepRow
 
 _STORES: dict[str, OrmStore] = {}
@@ -43,4 +43,4 @@ def database_now() -> datetime:
     return store().db_now()
 
 
-__all__ = ["Claimed", "OrmStore", "StepRow", "database_now", "store"]
+__all__ = ["Claimed", "Moved", "OrmStore", "StepRow", "database_now", "store"]

@@ -10,8 +10,12 @@ Every write a worker makes names the lease token it holds; the predicate
 
 A terminal transition (succeeded, failed, cancelled) of a task with an
 endpoint (`callback_url`) also writes its webhook's outbox row, in the same
-transaction (PostgreSQL: the same statement), and enqueues the delivery on
-commit (docs/webhooks.md); a task without one pays nothing.
+transaction (PostgreSQL: the same statement); a task without one pays nothing.
+
+The store acts on nothing but rows: a transition returns what happened (a
+`Moved`, and a claim its `Claimed.moved`), and the engine acts on it —
+`engine/announce.py` emits its event and enqueues the webhook it owes, once,
+on commit (docs/webhooks.md).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import BooleanField, Count, DateTimeField, ExpressionWrapper, Q
+from django.db.models import BooleanField, Count, DateTimeField, ExpressionWrapper, Q, QuerySet
 from django.db.models.functions import Now, TruncHour
 from django.db.models.sql import Query
 from django.utils import timezone
@@ -32,7 +36,7 @@ from django.utils.dateparse import parse_datetime
 from django_fsm import ConcurrentTransition
 
 from workflows.conf import pilot_settings
-from workflows.database import serialize
+from workflows.database import in_callers_transaction, serialize
 from workflows.engine import faults
 from workflows.engine.caps import (
     DEFAULT_GROUP,
@@ -44,17 +48,18 @@ from workflows.engine.caps import (
     caps,
     group_of,
 )
-from workflows.engine.enqueue import deliveries_enqueue_on_commit
 from workflows.engine.leases import Lease, Refused
+from workflows.engine.store.deliveries import DeliveryStore
 from workflows.engine.store.rows import StepRow
+from workflows.engine.store.schedules import ScheduleStore
 from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition, WebhookDelivery
 from workflows.models.webhook import delivery_message_id
-from workflows.observability.events import Event, emit_on_commit
 from workflows.rules.states import (
     COMPENSATION_STATES,
     FINISHED_STATES,
     LEASED_STATES,
     STEP_OVERWRITES,
+    StepState,
     TaskState,
 )
 
@@ -66,6 +71,34 @@ STEP_TABLE = StepCheckpoint._meta.db_table
 ADOPTABLE_SECONDS = 60
 STEP_COLUMNS = ("task_id", "index", "name", "state", "output", "attempts", "compensable",
                 "compensation_attempts", "error", "started_at", "finished_at")
+
+
+@dataclasses.dataclass(frozen=True)
+class Moved:
+    """A transition the store persisted, as the engine needs it to act: the
+    event it emits, the webhook message it sends (`delivery`: the message id
+    an ending of a task with an endpoint owes, None otherwise), and — asked
+    `then_claim_for` — the claim the same commit made (`following`)."""
+
+    task_id: Any
+    workflow: str
+    transition: str
+    from_state: str
+    to_state: str
+    attempt: int
+    actor: str
+    trace_id: str | None
+    delivery: str | None = None
+    following: Claimed | None = None
+
+
+def moved(task: Task, name: str, from_state: str, actor: str,
+          following: Claimed | None = None) -> Moved:
+    """The fact of `task` (as it is now) having moved by `name` from `from_state`."""
+    return Moved(task.pk, task.workflow, name, from_state, task.state, task.attempts, actor,
+                 task.trace_id or None,
+                 delivery_message_id(task.pk, task.state, task.restarts)
+                 if delivery_owed(task) else None, following)
 
 
 @dataclasses.dataclass
@@ -80,6 +113,8 @@ class Claimed:
     worker: str
     # Found after a lost reply (`held_by`) rather than returned by the claim.
     adopted: bool = False
+    # The claim's own transition (None when adopted: its commit was not ours to see).
+    moved: Moved | None = None
 
     @property
     def lease(self) -> Lease:
@@ -146,7 +181,12 @@ ON CONFLICT (task_id, "index") DO UPDATE SET{UPSERT_SET}WHERE {UPSERT_GUARD}
 
 
 class OrmStore:
+    """The task aggregate's verbs; the other aggregates' are its attributes:
+    `deliveries` (webhook deliveries and endpoints), `schedules`."""
+
     name = "orm"
+    deliveries = DeliveryStore()
+    schedules = ScheduleStore()
     fold_batch = 200  # replay-log groups per fold (fold_replays): one transaction each
 
     # --- time ----------------------------------------------------------------------------
@@ -221,12 +261,13 @@ class OrmStore:
                     enqueued_at=None)
                 return None
             try:
-                self.transition(task, "claim", at=now, actor=f"worker:{worker}",
-                                reason=f"attempt {task.attempts + 1} of {task.max_attempts}",
-                                worker=worker, now=now, lease=lease)
+                move = self.transition(task, "claim", at=now, actor=f"worker:{worker}",
+                                       reason=f"attempt {task.attempts + 1} of "
+                                              f"{task.max_attempts}",
+                                       worker=worker, now=now, lease=lease)
             except ConcurrentTransition:
                 return None
-        return Claimed(task, now, enqueued_at, worker)
+        return Claimed(task, now, enqueued_at, worker, moved=move)
 
     def claim_next(self, *, worker: str, lease: timedelta) -> Claimed | None:
         """The queue: claim the next due task (pending, or retrying and due, with
@@ -245,10 +286,10 @@ class OrmStore:
             if task is None or not self._slot_free(task.owner_id, task.workflow, limits):
                 return None
             now, enqueued_at = _aware(task.pilot_db_now), task.enqueued_at
-            self.transition(task, "claim", at=now, actor=f"worker:{worker}",
-                            reason=f"attempt {task.attempts + 1} of {task.max_attempts}",
-                            worker=worker, now=now, lease=lease)
-        return Claimed(task, now, enqueued_at, worker)
+            move = self.transition(task, "claim", at=now, actor=f"worker:{worker}",
+                                   reason=f"attempt {task.attempts + 1} of {task.max_attempts}",
+                                   worker=worker, now=now, lease=lease)
+        return Claimed(task, now, enqueued_at, worker, moved=move)
 
     def resume(self, task_id: Any, *, worker: str, lease: timedelta,
                after_cancel_of: int | None = None) -> Claimed | None:
@@ -280,11 +321,11 @@ class OrmStore:
                     return None
                 reason = "its running attempt was cancelled: compensating it"
             try:
-                self.transition(task, "resume", at=now, actor=f"worker:{worker}", reason=reason,
-                                worker=worker, now=now, lease=lease)
+                move = self.transition(task, "resume", at=now, actor=f"worker:{worker}",
+                                       reason=reason, worker=worker, now=now, lease=lease)
             except ConcurrentTransition:
                 return None
-        return Claimed(task, now, enqueued_at, worker)
+        return Claimed(task, now, enqueued_at, worker, moved=move)
 
     def held_by(self, *, worker: str, task_id: Any = None,
                 besides: Iterable[Any] = ()) -> Claimed | None:
@@ -341,7 +382,7 @@ class OrmStore:
         with transaction.atomic():  # nested: a savepoint, a refusal undoes only this
             self._fence(lease, renew=renew_for is not None, lease_length=renew_for)
             if rows:
-                self.upsert_steps(lease.task_id, rows)
+                self.upsert_steps_in_tx(lease.task_id, rows)
         if renew_for is not None:
             lease.clock.mark()
 
@@ -358,7 +399,8 @@ class OrmStore:
             StepCheckpoint.objects.filter(task_id=lease.task_id, index=index).update(
                 progress=progress)
 
-    def upsert_steps(self, task_id: Any, rows: list[StepRow]) -> None:
+    @in_callers_transaction
+    def upsert_steps_in_tx(self, task_id: Any, rows: list[StepRow]) -> None:
         """The upsert alone, for a caller that already holds the fence (or the
         task's row lock) in this transaction."""
         ops = connection.ops
@@ -382,12 +424,14 @@ class OrmStore:
                    steps: list[StepRow] | tuple[StepRow, ...] = (),
                    set_fields: dict[str, Any] | None = None,
                    then_claim_for: tuple[str, timedelta] | None = None,
-                   **kwargs: Any) -> Claimed | None:
+                   **kwargs: Any) -> Moved:
         """Apply django-fsm transition `name` (with `kwargs`) to `task` and persist
         it as a compare-and-set on the token `task` carries — with its audit row
         and `steps` — all or nothing. `at` (a database time) stamps the change.
+        Returns the `Moved` fact (the caller announces it: engine/announce.py).
         With `then_claim_for=(worker, lease)`, once it is persisted, claim the next
-        due task for that worker (`claim_next`) and return it (None: none due).
+        due task for that worker (`claim_next`): the fact's `following` (None:
+        none due).
 
         Raises TransitionNotAllowed if the edge is illegal from the task's state,
         ConcurrentTransition if the stored task has another token (someone else
@@ -408,13 +452,7 @@ class OrmStore:
             task.__dict__.update(before)
             raise
         task._update_initial_state()
-        if delivery_owed(task):
-            deliveries_enqueue_on_commit([delivery_message_id(task.pk, task.state,
-                                                              task.restarts)])
-        emit_on_commit(Event.TASK_TRANSITIONED, task_id=str(task.pk), workflow=task.workflow,
-                       transition=name, from_state=from_state, to_state=task.state,
-                       attempt=task.attempts, actor=actor, trace_id=task.trace_id or None)
-        return following
+        return moved(task, name, from_state, actor, following)
 
     def _persist(self, task: Task, token: int, changed: list[str], name: str, from_state: str,
                  actor: str, reason: str, at: datetime, steps: list[StepRow],
@@ -428,15 +466,16 @@ class OrmStore:
                                           from_state=from_state, to_state=task.state,
                                           actor=actor[:200], reason=reason, at=at)
             if steps:
-                self.upsert_steps(task.pk, steps)
+                self.upsert_steps_in_tx(task.pk, steps)
             if delivery_owed(task):
-                self.delivery_insert(task)
+                self.delivery_insert_in_tx(task)
         if then_claim_for is None:
             return None
         worker, lease = then_claim_for
         return self.claim_next(worker=worker, lease=lease)
 
-    def delivery_insert(self, task: Task) -> None:
+    @in_callers_transaction
+    def delivery_insert_in_tx(self, task: Task) -> None:
         """The outbox row of `task`'s ending (in the caller's transaction): due
         now, its message counted as sent (the caller enqueues it on commit), given
         up PILOT_WEBHOOK_GIVE_UP_SECONDS from now — all the database's time —
@@ -447,6 +486,90 @@ class OrmStore:
             task_state=task.state, restarts=task.restarts,
             url=task.callback_url, created_at=Now(), next_attempt_at=Now(), enqueued_at=Now(),
             give_up_at=self._later(give_up_after()))], ignore_conflicts=True)
+
+    # --- rows the dispatcher, operators, triggers and cleanup change ------------------------
+
+    @staticmethod
+    @in_callers_transaction
+    def lock_free_in_tx(rows: QuerySet[Any], limit: int) -> list[Any]:
+        """Up to `limit` of `rows` (a queryset of any of the engine's models,
+        already filtered, ordered and shaped by the caller), locked FOR UPDATE
+        SKIP LOCKED — rows another transaction holds are passed by, never waited
+        for — in the caller's transaction: how any number of dispatchers and
+        cleanups share a scan without doing anything twice."""
+        return list(rows.select_for_update(skip_locked=True)[:limit])
+
+    @in_callers_transaction
+    def lock_task_in_tx(self, task_id: Any) -> Task | None:
+        """The task FOR UPDATE, read with the database's time (`pilot_db_now`),
+        in the caller's transaction; None when there is none."""
+        return (Task.objects.select_for_update().annotate(pilot_db_now=Now())
+                .filter(pk=task_id).first())
+
+    def interrupt_steps(self, task_id: Any, *, error: str, at: datetime) -> int:
+        """The task's step that was running is recorded failed with `error`: no
+        worker runs it any more (the next attempt rewrites it)."""
+        return StepCheckpoint.objects.filter(task_id=task_id, state=StepState.RUNNING).update(
+            state=StepState.FAILED, error=error, finished_at=at)
+
+    def mark_sent(self, task_ids: list[Any], at: datetime) -> None:
+        """The tasks' outstanding message was sent at `at` (the caller enqueues
+        them on commit)."""
+        Task.objects.filter(pk__in=task_ids).update(enqueued_at=at)
+
+    @in_callers_transaction
+    def reset_steps_in_tx(self, task_id: Any, *, to_pending: list[int], as_done: list[int]) -> None:
+        """A retry's plan (plans.retry_plan), for a task the caller holds locked:
+        steps `to_pending` run again from scratch; steps `as_done` keep their
+        output and are owed no compensation any more."""
+        if to_pending:
+            StepCheckpoint.objects.filter(task_id=task_id, index__in=to_pending).update(
+                state=StepState.PENDING, output=None, progress=None, error="",
+                compensable=False, compensation_attempts=0, started_at=None, finished_at=None)
+        if as_done:
+            StepCheckpoint.objects.filter(task_id=task_id, index__in=as_done).update(
+                state=StepState.SUCCEEDED, compensation_attempts=0)
+
+    def insert_tasks(self, tasks: list[Task]) -> None:
+        """Insert `tasks` (in idempotency-key order, the one lock order of
+        triggers); a key that has a row already keeps it (the unique constraint
+        decides races: the caller reads back which row won)."""
+        Task.objects.bulk_create(sorted(tasks, key=lambda t: t.idempotency_key),
+                                 ignore_conflicts=True)
+
+    @in_callers_transaction
+    def lock_keys_in_tx(self, owner: Any, keys: list[str]) -> QuerySet[Task]:
+        """The owner's rows for `keys`, FOR UPDATE in key order, with the
+        database's time (`pilot_db_now`)."""
+        return (Task.objects.select_for_update().annotate(pilot_db_now=Now())
+                .filter(owner=owner, idempotency_key__in=keys).order_by("idempotency_key"))
+
+    def log_replays(self, replays: list[TaskReplay]) -> None:
+        """Append replays to their log (never to the task row a worker fences on)."""
+        TaskReplay.objects.bulk_create(replays)
+
+    @in_callers_transaction
+    def delete_tasks_in_tx(self, task_ids: list[Any]) -> int:
+        """Delete the tasks and everything hanging off them, children first, in
+        the caller's transaction — but a webhook delivery not yet delivered or
+        given up, which outlives its task (its body fixed from the task and steps
+        first: DeliveryStore.outlive). Returns the number of tasks deleted. The
+        caller decides which ids may go (finished ones, under a lock)."""
+        if not task_ids:
+            return 0
+        self.deliveries.outlive_in_tx(task_ids)  # before the steps go: a body may need them
+        StepCheckpoint.objects.filter(task_id__in=task_ids)._raw_delete(StepCheckpoint.objects.db)
+        TaskTransition.objects.filter(task_id__in=task_ids)._raw_delete(TaskTransition.objects.db)
+        TaskReplay.objects.filter(task_id__in=task_ids)._raw_delete(TaskReplay.objects.db)
+        return Task.objects.filter(pk__in=task_ids)._raw_delete(Task.objects.db)
+
+    @staticmethod
+    def delete_q_results(ids: list[Any]) -> None:
+        """Delete django-q2's Success/Failure rows `ids` (nothing in PILOT reads
+        them; django-q2 writes each once, so the DELETE's own lock is enough)."""
+        from django_q.models import Task as QResult
+
+        QResult.objects.filter(pk__in=ids)._raw_delete(QResult.objects.db)
 
     # --- atomic steps --------------------------------------------------------------------------
 
@@ -534,4 +657,4 @@ class SqliteStore(OrmStore):
         return "database is locked" in str(exc) or "database table is locked" in str(exc)
 
 
-__all__ = ["Claimed", "OrmStore", "SqliteStore"]
+__all__ = ["Claimed", "Moved", "OrmStore", "SqliteStore", "moved"]

@@ -34,10 +34,10 @@ from workflows.engine.store.orm import (
     OrmStore,
     delivery_owed,
     give_up_after,
+    moved,
 )
 from workflows.engine.store.rows import StepRow
 from workflows.models import StepCheckpoint, Task
-from workflows.observability.events import Event, emit_on_commit
 
 
 def _load(path: Path) -> dict[str, str]:
@@ -153,12 +153,9 @@ class PostgresStore(OrmStore):
         if values is None:
             return None
         task = _task_from(values)
-        emit_on_commit(Event.TASK_TRANSITIONED, task_id=str(task.pk), workflow=task.workflow,
-                       transition=name, from_state=values["pilot_from_state"],
-                       to_state=task.state, attempt=task.attempts, actor=params["actor"],
-                       trace_id=task.trace_id or None)
         return Claimed(task, values["pilot_db_now"], values["pilot_enqueued_at"],
-                       params["worker"])
+                       params["worker"],
+                       moved=moved(task, name, values["pilot_from_state"], params["actor"]))
 
     def claim(self, task_id: Any, *, worker: str, lease: timedelta) -> Claimed | None:
         return self._claimed("claim", {"task_id": task_id, "worker": worker[:200],
@@ -276,12 +273,9 @@ class PostgresStore(OrmStore):
         if values["id"] is None:
             return None
         following = _task_from(values)
-        emit_on_commit(Event.TASK_TRANSITIONED, task_id=str(following.pk),
-                       workflow=following.workflow, transition="claim",
-                       from_state=values["pilot_from_state"], to_state=following.state,
-                       attempt=following.attempts, actor=params["claim_actor"],
-                       trace_id=following.trace_id or None)
-        return Claimed(following, values["pilot_db_now"], values["pilot_enqueued_at"], worker)
+        return Claimed(following, values["pilot_db_now"], values["pilot_enqueued_at"], worker,
+                       moved=moved(following, "claim", values["pilot_from_state"],
+                                   params["claim_actor"]))
 
     # --- triggers ---------------------------------------------------------------------------
 
