@@ -56,14 +56,14 @@ import time
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import transaction
 from django.db.models import F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 
 from workflows.accounts import client_signing_secrets
 from workflows.conf import pilot_settings
 from workflows.engine.enqueue import deliveries_enqueue_on_commit
-from workflows.engine.leases import DbClock, worker_id
+from workflows.engine.leases import DbClock, patiently, worker_id
 from workflows.engine.store import store
 from workflows.engine.store.orm import give_up_after
 from workflows.engine.webhook_slots import Limits, Slots, breaker_record, slot_take
@@ -111,7 +111,14 @@ class SendReport:
 
 
 @dataclasses.dataclass
-class _Claim:
+class _HeldAttempt:
+    """One attempt of a delivery this worker claimed — a held claim, as a run's
+    attempt is (leases.py): its claim `token` fences the outcome's write (a
+    re-send or a later sender moved it on: claim_lost), `clock` is the
+    database's from the claim on, the write is patient across a lost
+    connection. Unlike a run it holds no lease to renew: `claimed_until` covers
+    the whole attempt, which ends by `deadline`."""
+
     delivery: WebhookDelivery
     token: int
     clock: DbClock
@@ -157,13 +164,13 @@ def delivery_send(*, message_id: str, worker: str | None = None) -> SendReport:
     return report
 
 
-def _claim(message_id: str, worker: str) -> _Claim | None:
+def _claim(message_id: str, worker: str) -> _HeldAttempt | None:
     """The claim of one attempt, or None (nothing to send now, for whatever reason)."""
     claim = _claim_or_why(message_id, worker, time.monotonic())
     return None if isinstance(claim, str) else claim
 
 
-def _claim_or_why(message_id: str, worker: str, started: float) -> _Claim | str:
+def _claim_or_why(message_id: str, worker: str, started: float) -> _HeldAttempt | str:
     """Claim one attempt (module docstring) — or say why not: SKIPPED, or the
     slot's answer (webhook_slots.WAITING / PAUSED). `started` (monotonic, taken
     before the transaction) starts the attempt's deadline, so the deadline ends
@@ -209,13 +216,13 @@ def _claim_or_why(message_id: str, worker: str, started: float) -> _Claim | str:
                            claimed_until=now + timedelta(seconds=_timeout()
                                                          + CLAIM_MARGIN_SECONDS),
                            endpoint=endpoint)
-    return _Claim(delivery, token, DbClock(now), secrets, body.encode("ascii"), endpoint,
+    return _HeldAttempt(delivery, token, DbClock(now), secrets, body.encode("ascii"), endpoint,
                   started + _timeout(), task.workflow if task is not None else None,
                   (task.trace_id if task is not None else "")
                   or tracing.trace_id_of(delivery.traceparent) or None)
 
 
-def _post(claim: _Claim) -> Answer:
+def _post(claim: _HeldAttempt) -> Answer:
     delivery = claim.delivery
     if not claim.secrets:
         return Answer(None, "not sent: the client has no signing secret that can be read "
@@ -237,7 +244,7 @@ def _post(claim: _Claim) -> Answer:
     return answer
 
 
-def _record(claim: _Claim, answer: Answer) -> str:
+def _record(claim: _HeldAttempt, answer: Answer) -> str:
     """The attempt's outcome, written only if our claim still holds, and —
     in the same transaction, after it (the lock order) — counted against the
     endpoint's breaker (not when nothing was sent: no secret)."""
@@ -261,20 +268,18 @@ def _record(claim: _Claim, answer: Answer) -> str:
         else:
             outcome = "retrying"
             fields.update(next_attempt_at=due, enqueued_at=None)
-    paused: datetime | None = None
-    for round_ in range(3):
-        try:
-            with transaction.atomic():
-                held = store().deliveries.record_outcome(delivery.pk, claim_token=claim.token,
-                                                          fields=fields)
-                if held and claim.secrets:
-                    paused = breaker_record(claim.endpoint, ok=answer.ok, now=now,
+    def record() -> tuple[bool, datetime | None]:
+        with transaction.atomic():
+            held = store().deliveries.record_outcome(delivery.pk, claim_token=claim.token,
+                                                      fields=fields)
+            if held and claim.secrets:
+                return True, breaker_record(claim.endpoint, ok=answer.ok, now=now,
                                             error=answer.error)
-            break
-        except DatabaseError:
-            if round_ == 2:
-                raise
-            time.sleep(0.2 * (round_ + 1))
+            return held, None
+
+    # A held claim's write: fenced by its token, so retried across a lost
+    # connection like every write a held attempt makes (leases.patiently).
+    held, paused = patiently(record, doing="record the webhook attempt")
     event = {DeliveryState.DELIVERED: Event.WEBHOOK_DELIVERED, "retrying": Event.WEBHOOK_FAILED,
              DeliveryState.FAILED: Event.WEBHOOK_GAVE_UP}[outcome]
     if not held:
@@ -300,7 +305,7 @@ def _end(delivery: WebhookDelivery, state: str, now: datetime, *, error: str) ->
                    delivery=delivery.message_id, attempt=delivery.attempts)
 
 
-def _hand_on(claim: _Claim) -> None:
+def _hand_on(claim: _HeldAttempt) -> None:
     """After an attempt its slot is free: give it to a delivery of the same
     client or endpoint that waits for one (one message, at the back of the
     queue), so a burst to one receiver flows at the receiver's pace, not the

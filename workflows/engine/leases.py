@@ -15,6 +15,14 @@ the worker applies). A write that finds another token raises `Refused`;
 - `LeaseLost` for anything else (a recover, a take-over, a retry, an end):
   the worker stops touching the task.
 
+A claim is held across a lost connection: a write under it is idempotent
+(fenced by its token) and `patiently` retries it — a lost connection, not a
+refused statement — for WRITE_PATIENCE_SECONDS, reconnecting between tries,
+then raises `Interrupted` and the claim runs out by itself. The held attempt
+of a run (run/held.py) and the held attempt of a webhook delivery
+(deliveries.py) are both such claims: a token, the database's clock, patient
+fenced writes.
+
 Times: the worker never compares its own clock with anyone's. The claim
 returns the database's time; `DbClock` continues it with the worker's
 monotonic clock, so the timestamps a worker writes are database time, and
@@ -28,12 +36,52 @@ import dataclasses
 import os
 import socket
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
+from django.db import InterfaceError, OperationalError
+
+from workflows import database
 from workflows.conf import pilot_settings
 from workflows.rules.errors import CancelRequested, LeaseLost
 from workflows.rules.states import TaskState
+
+T = TypeVar("T")
+# Errors of the connection, not of the statement: worth retrying the same write.
+TRANSIENT = (OperationalError, InterfaceError)
+# How long a write that cannot reach the database is retried before its holder
+# gives up (the claim, far longer, then runs out and someone else takes over).
+WRITE_PATIENCE_SECONDS = 5.0
+
+
+class Interrupted(Exception):  # noqa: N818 - a stop, not an error
+    """The database could not be reached to record or decide something."""
+
+
+def reconnect() -> None:
+    """Between two tries: a moment's pause, then drop the connection if it is
+    dead, so the next statement opens a new one."""
+    if database.in_transaction():
+        return  # a test's enclosing transaction: the connection is not ours to close
+    time.sleep(0.2)
+    database.drop_if_dead()
+
+
+def patiently(op: Callable[[], T], *, doing: str, deadline: float | None = None) -> T:
+    """`op()` — a read, or a write that is idempotent under its claim — retried
+    across a lost connection until `deadline` (monotonic; default
+    WRITE_PATIENCE_SECONDS from now), then Interrupted("cannot <doing>: …").
+    A statement the database refused is not retried: it raises at once."""
+    deadline = deadline or time.monotonic() + WRITE_PATIENCE_SECONDS
+    while True:
+        try:
+            return op()
+        except TRANSIENT as exc:
+            if time.monotonic() > deadline:
+                text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                raise Interrupted(f"cannot {doing}: {text}") from exc
+            reconnect()
 
 
 class DbClock:

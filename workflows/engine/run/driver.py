@@ -35,19 +35,19 @@ from typing import Any
 
 from workflows.engine import faults
 from workflows.engine.announce import announce
-from workflows.engine.leases import Lease, lease_length, worker_id
+from workflows.engine.leases import (
+    TRANSIENT,
+    WRITE_PATIENCE_SECONDS,
+    Interrupted,
+    Lease,
+    lease_length,
+    reconnect,
+    worker_id,
+)
 from workflows.engine.plans import Plan, PlanUnavailable
 from workflows.engine.run.compensation import Compensation
 from workflows.engine.run.forward import Forward, unplannable
-from workflows.engine.run.held import (
-    TRANSIENT,
-    WRITE_PATIENCE_SECONDS,
-    Held,
-    Interrupted,
-    abandon,
-    held_by_me,
-    reconnect,
-)
+from workflows.engine.run.held import Held, abandon, held_by_me
 from workflows.engine.run.outcomes import (
     CancelNoticed,
     Compensate,

@@ -26,26 +26,30 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django.db import InterfaceError, OperationalError
 from django_fsm import ConcurrentTransition
 
-from workflows import database
 from workflows.engine import faults
 from workflows.engine.announce import announce
 from workflows.engine.context import StepContext
-from workflows.engine.leases import DbClock, Lease, LeaseClock, Refused, classify, lease_length
-from workflows.engine.run.outcomes import MISSING, describe
+from workflows.engine.leases import (
+    TRANSIENT,
+    WRITE_PATIENCE_SECONDS,
+    DbClock,
+    Interrupted,
+    Lease,
+    LeaseClock,
+    Refused,
+    classify,
+    lease_length,
+    patiently,
+)
+from workflows.engine.run.outcomes import MISSING
 from workflows.engine.store import Claimed, OrmStore, StepRow
 from workflows.models import StepCheckpoint, Task, TaskTransition
 from workflows.observability.events import Event, emit
 from workflows.registry import Step
 
 T = TypeVar("T")
-# Errors of the connection, not of the statement: worth retrying the same write.
-TRANSIENT = (OperationalError, InterfaceError)
-# How long a write that cannot reach the database is retried before the run
-# gives up (the lease, far longer, then expires and the task is recovered).
-WRITE_PATIENCE_SECONDS = 5.0
 # Per worker id (this process's), the tasks its runs gave up on while still holding
 # them (interrupted, an error, a lost lease): never a lost claim of its own to adopt.
 _abandoned: dict[str, collections.deque[Any]] = {}
@@ -55,10 +59,6 @@ class StepFailure(Exception):  # noqa: N818 - carries the step's own exception
     def __init__(self, exc: BaseException):
         self.exc = exc
         super().__init__(str(exc))
-
-
-class Interrupted(Exception):  # noqa: N818 - a stop, not an error
-    """The database could not be reached to record or decide something."""
 
 
 def abandon(worker: str, task_id: Any) -> None:
@@ -84,21 +84,7 @@ def held_by_me(store: OrmStore, worker: str, *, task_id: Any = None,
 
 def read(query: Callable[[], T], deadline: float | None = None) -> T:
     """`query()`, retried across a lost connection until `deadline`."""
-    deadline = deadline or time.monotonic() + WRITE_PATIENCE_SECONDS
-    while True:
-        try:
-            return query()
-        except TRANSIENT as exc:
-            if time.monotonic() > deadline:
-                raise Interrupted(f"cannot read back: {describe(exc)[0]}") from exc
-            reconnect()
-
-
-def reconnect() -> None:
-    if database.in_transaction():
-        return  # a test's enclosing transaction: the connection is not ours to close
-    time.sleep(0.2)
-    database.drop_if_dead()
+    return patiently(query, doing="read back", deadline=deadline)
 
 
 class Held:
@@ -231,17 +217,9 @@ class Held:
 
     def _durably(self, write: Callable[[], object]) -> None:
         if self.in_atomic_step:
-            write()
+            write()  # the enclosing atomic step settles its errors
             return
-        deadline = time.monotonic() + WRITE_PATIENCE_SECONDS
-        while True:
-            try:
-                write()
-                return
-            except TRANSIENT as exc:
-                if time.monotonic() > deadline:
-                    raise Interrupted(f"cannot record: {describe(exc)[0]}") from exc
-                reconnect()
+        patiently(write, doing="record")
 
     # --- reading back ----------------------------------------------------------------------
 
