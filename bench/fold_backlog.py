@@ -12,7 +12,7 @@ hours. Each repetition lays the same backlog down afresh and folds it to the
 end, pass after pass, as the dispatcher loop does after a start (the whole
 log; a pass that stopped at its batch goes on at the next), with
 
-- the PostgreSQL store: a batch of groups in one statement (queries.sql
+- the PostgreSQL store: a batch of groups in one statement (store/sql.py
   `fold_replays`), and
 - the portable ORM store, one transaction per group: the way PILOT folded
   before, the baseline, measured in the same run.

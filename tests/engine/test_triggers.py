@@ -353,7 +353,7 @@ def test_a_replay_never_writes_the_task_row_its_worker_fences_on(trigger):
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_on_postgresql_a_new_key_and_a_replay_are_one_statement_each(owner):
-    """The trigger's fast path (queries.sql create_or_replay): the insert, or the
+    """The trigger's fast path (sql.py create_or_replay): the insert, or the
     replay's lookup, log row, steps and count, in one round trip — a replay used
     to pay a failed insert first."""
     from django.test.utils import CaptureQueriesContext
@@ -381,7 +381,7 @@ def test_on_postgresql_a_new_key_and_a_replay_are_one_statement_each(owner):
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_the_one_statement_replay_takes_exactly_the_replayable_states(owner):
-    """The fast path's list of states it replays (queries.sql create_or_replay)
+    """The fast path's list of states it replays (sql.py create_or_replay)
     is REPLAYABLE_STATES, the general path's: a state only the SQL replays would
     replay what the engine restarts or refuses; a state only Python replays costs
     a second round trip. Every state, a re-trigger of the same request."""

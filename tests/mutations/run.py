@@ -83,16 +83,14 @@ MUTANTS = (
     Mutant(
         "drop-fence-predicate",
         "a step write no longer checks the lease token (write_steps' fence)",
-        "workflows/engine/store/queries.sql",
-        (("""WITH fence AS (
+        "workflows/engine/store/sql.py",
+        (('''"write_steps": f"""WITH fence AS (
     SELECT id FROM workflows_task
-     WHERE id = %(task_id)s AND lease_token = %(token)s
-       FOR SHARE
-), {write_step_rows:fence}""", """WITH fence AS (
+     WHERE {FENCED}
+       FOR SHARE''', '''"write_steps": f"""WITH fence AS (
     SELECT id FROM workflows_task
      WHERE id = %(task_id)s
-       FOR SHARE
-), {write_step_rows:fence}"""),),
+       FOR SHARE'''),),
         ("tests/windows/test_fencing.py::"
          "test_every_write_of_a_running_worker_is_refused_after_every_token_change",
          "tests/concurrency/test_execution_races.py::"
@@ -103,9 +101,9 @@ MUTANTS = (
         "new-step-rows-without-upsert",
         "a step write inserts the rows it did not see with a plain INSERT (a retry racing "
         "its own first try fails on the unique (task, index))",
-        "workflows/engine/store/queries.sql",
+        "workflows/engine/store/sql.py",
         (("""                                   WHERE s.task_id = (SELECT id FROM {source})))
-    {on_conflict}
+    {UPSERT_ON_CONFLICT}
 )""", """                                   WHERE s.task_id = (SELECT id FROM {source})))
 )"""),),
         ("tests/engine/store/test_contract.py::"
@@ -116,7 +114,7 @@ MUTANTS = (
         "fold-inserts-a-new-row",
         "the replay log's fold deletes a group and inserts its sum as a new row (a cleanup "
         "deleting the task meanwhile cannot see that row and fails on the foreign key)",
-        "workflows/engine/store/queries.sql",
+        "workflows/engine/store/sql.py",
         (("""), kept AS (
     UPDATE workflows_taskreplay AS r SET count = ranked.total
       FROM ranked
@@ -150,7 +148,7 @@ MUTANTS = (
     Mutant(
         "fold-without-row-locks",
         "the replay log's fold reads its group without locking it (two folders count it twice)",
-        "workflows/engine/store/queries.sql",
+        "workflows/engine/store/sql.py",
         (("""                AND r.at >= found.hour AND r.at < found.hour + interval '1 hour'
        FOR UPDATE OF r SKIP LOCKED""",
           """                AND r.at >= found.hour AND r.at < found.hour + interval '1 hour'"""),),
@@ -161,13 +159,9 @@ MUTANTS = (
     Mutant(
         "transition-without-fence",
         "a transition (succeed, fail, retry, ...) no longer checks the lease token",
-        "workflows/engine/store/queries.sql",
-        (("""nothing to do for every other task).
-WITH changed AS (
-    UPDATE workflows_task SET {sets}
-     WHERE id = %(task_id)s AND lease_token = %(token)s""", """nothing to do for every other task).
-WITH changed AS (
-    UPDATE workflows_task SET {sets}
+        "workflows/engine/store/sql.py",
+        (("""    UPDATE workflows_task SET {sets}
+     WHERE {FENCED}""", """    UPDATE workflows_task SET {sets}
      WHERE id = %(task_id)s"""),),
         ("tests/windows/test_fencing.py::"
          "test_every_write_of_a_running_worker_is_refused_after_every_token_change",),
@@ -187,7 +181,7 @@ WITH changed AS (
     Mutant(
         "skip-on-conflict",
         "a trigger's INSERT loses ON CONFLICT DO NOTHING (the key dedupe)",
-        "workflows/engine/store/queries.sql",
+        "workflows/engine/store/sql.py",
         (("    ON CONFLICT (owner_id, idempotency_key) DO NOTHING\n    RETURNING created_at",
           "    RETURNING created_at"),),
         # (The 200-thread race in tests/concurrency/test_trigger_races.py catches it
@@ -242,7 +236,7 @@ WITH changed AS (
         "replay-list-drifts",
         "the one-statement replay forgets a replayable state (compensating): a re-trigger "
         "then pays the general path's locks and statements",
-        "workflows/engine/store/queries.sql",
+        "workflows/engine/store/sql.py",
         (("       AND (state IN ('pending', 'running', 'retrying', 'compensating')",
           "       AND (state IN ('pending', 'running', 'retrying')"),),
         ("tests/engine/test_triggers.py::"

@@ -23,7 +23,7 @@ A batch is decided as if its items arrived one after another in input order:
 a key repeated within the batch replays (or conflicts with) the first.
 
 A single trigger first asks the store for its fast path (on PostgreSQL: a new
-key or a plain replay in one statement; store/queries.sql) and falls
+key or a plain replay in one statement; store/sql.py) and falls
 back to this general path for everything else. Every time is the database's:
 a key's expiry is judged by its clock, and the times a trigger stamps are its.
 

@@ -484,6 +484,7 @@ def test_no_hot_statement_reads_a_whole_table(owner):
     from django.db import connection
 
     from workflows.engine.store.postgres import QUERIES, _numbered
+    from workflows.engine.store.sql import transition_statement
     from workflows.rules.fingerprint import fingerprint
 
     now = timezone.now()
@@ -514,9 +515,15 @@ def test_no_hot_statement_reads_a_whole_table(owner):
                        "workflows_taskreplay, workflows_tasktransition")
         cursor.execute("SET plan_cache_mode = force_generic_plan")
         try:
-            for name in ("write_steps", "write_steps_renew", "save_progress", "transition",
-                         "transition_with_steps", "create_or_replay", "renew", "check"):
-                sql = QUERIES[name].replace("{sets}", '"updated_at" = %(v0)s')
+            sets = '"updated_at" = %(v0)s'
+            for name, sql in (
+                    *((n, QUERIES[n]) for n in ("write_steps", "write_steps_renew",
+                                                "save_progress", "create_or_replay", "renew",
+                                                "check")),
+                    ("transition", transition_statement(sets, with_steps=False,
+                                                        then_claim=False)),
+                    ("transition_with_steps", transition_statement(sets, with_steps=True,
+                                                                   then_claim=False))):
                 key, text, names = _numbered(sql)
                 cursor.execute(f"PREPARE plan_{key} AS {text}")
                 cursor.execute(f"EXPLAIN EXECUTE plan_{key}({', '.join(['%s'] * len(names))})",

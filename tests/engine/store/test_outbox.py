@@ -42,7 +42,7 @@ def db_now():
 def kind(sql: str) -> str:
     """'INSERT workflows_webhookdelivery', 'BEGIN', …: a statement's verb and table."""
     verb = sql.lstrip().split(None, 1)[0].upper()
-    if verb.startswith("--"):  # a literal statement of queries.sql opens with its comment
+    if verb.startswith("--"):  # a statement may open with a comment
         verb = re.sub(r"^(\s*--[^\n]*\n)+", "", sql).split(None, 1)[0].upper()
     match = re.search(r'(?:INTO|UPDATE|FROM)\s+"?(\w+)', sql)
     return f"{verb} {match.group(1)}" if verb in ("INSERT", "UPDATE", "SELECT") and match \

@@ -8,7 +8,7 @@ implementations, run by one contract suite (tests/engine/store/):
 - `OrmStore` (orm.py): Django's ORM and portable SQL, correct everywhere;
   `SqliteStore` adapts it to SQLite's single writer;
 - `PostgresStore` (postgres.py): the hot verbs as one literal statement each
-  (queries.sql), the rest inherited.
+  (sql.py: composed from named fragments, each rule once), the rest inherited.
 """
 
 from __future__ import annotations

@@ -152,8 +152,8 @@ def _guard_sql(table: str) -> str:
 
 # What a written step row (`excluded`) makes of the stored one: the upsert's
 # SET and its WHERE (states.STEP_OVERWRITES). One text for both forms: the
-# portable upsert below, and PostgreSQL's split write (queries.sql,
-# write_step_rows), which names the new rows `excluded` too.
+# portable upsert below, and PostgreSQL's split write (sql.py,
+# step_rows), which names the new rows `excluded` too.
 UPSERT_SET = f"""
     name = excluded.name,
     state = excluded.state,

@@ -1,5 +1,5 @@
 """The PostgreSQL store: the portable store with its hot verbs as one statement
-each, the literal SQL of queries.sql (docs/design.md, "The store").
+each, composed in sql.py from named fragments (docs/design.md, "The store").
 
 A claim, a step boundary, a heartbeat and a transition (with its audit row and
 step rows) are one round trip each; so is a trigger, new key or plain replay.
@@ -15,7 +15,6 @@ import json
 import re
 import weakref
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from django.db import connection, transaction
@@ -27,9 +26,6 @@ from workflows.engine import faults
 from workflows.engine.caps import caps_json
 from workflows.engine.leases import Lease, Refused
 from workflows.engine.store.orm import (
-    UPSERT_GUARD,
-    UPSERT_ON_CONFLICT,
-    UPSERT_SET,
     Claimed,
     OrmStore,
     delivery_owed,
@@ -37,32 +33,10 @@ from workflows.engine.store.orm import (
     moved,
 )
 from workflows.engine.store.rows import StepRow
+from workflows.engine.store.sql import STATEMENTS, transition_statement
 from workflows.models import StepCheckpoint, Task
 
-
-def _load(path: Path) -> dict[str, str]:
-    """{name: statement}; the comments stay in the file (they are for people)."""
-    queries: dict[str, str] = {}
-    name = None
-    for line in path.read_text().splitlines():
-        if line.startswith("-- name: "):
-            name = line.removeprefix("-- name: ").strip()
-            queries[name] = ""
-        elif name is not None and not line.lstrip().startswith("--"):
-            queries[name] += line.split("  -- ", 1)[0].rstrip() + "\n"
-    queries = {k: v.strip().rstrip(";").replace("{on_conflict}", UPSERT_ON_CONFLICT)
-               for k, v in queries.items()}
-    deliver, blocked, unblocked, step_rows = (
-        queries.pop(k) for k in ("deliver", "blocked", "unblocked", "write_step_rows"))
-    step_rows = step_rows.replace("{set}", UPSERT_SET).replace("{guard}", UPSERT_GUARD)
-    return {k: v.replace("{deliver}", "\n" + deliver).replace("{blocked}", blocked + "\n")
-            .replace("{unblocked}", unblocked)
-            .replace("{write_step_rows:fence}", step_rows.replace("{source}", "fence"))
-            .replace("{write_step_rows:changed}", step_rows.replace("{source}", "changed"))
-            for k, v in queries.items()}
-
-
-QUERIES = _load(Path(__file__).with_name("queries.sql"))
+QUERIES = STATEMENTS
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 # Per database connection (psycopg's), the statements already prepared on it.
@@ -209,7 +183,7 @@ class PostgresStore(OrmStore):
     # --- the replay log ---------------------------------------------------------------------
 
     def fold_replays(self, *, since: datetime | None, batch: int) -> tuple[int, int, int]:
-        """The batch in one statement and one transaction (queries.sql
+        """The batch in one statement and one transaction (sql.py
         `fold_replays`); not prepared: it runs once a minute, and planned with
         its own `since` it reads the last hours through replay_at_idx and the
         whole log in (task, hour) order."""
@@ -226,7 +200,7 @@ class PostgresStore(OrmStore):
     def _persist(self, task: Task, token: int, changed: list[str], name: str, from_state: str,
                  actor: str, reason: str, at: datetime, steps: list[StepRow],
                  then_claim_for: tuple[str, timedelta] | None = None) -> Claimed | None:
-        """One statement (queries.sql `transition`): the transition's diff where
+        """One statement (sql.transition_statement): the transition's diff where
         the task still carries `token`, its audit row, `steps`, and — for the
         ending of a task with an endpoint — its webhook's outbox row, together;
         asked `then_claim_for`, also the claim of the next due task."""
@@ -240,18 +214,17 @@ class PostgresStore(OrmStore):
                       deliver=deliver, restarts=task.restarts if deliver else 0,
                       callback_url=task.callback_url if deliver else "",
                       give_up_seconds=give_up_after().total_seconds())
-        query = "transition"
         if steps:
-            query = "transition_with_steps"
             params.update(_step_arrays(steps))
         if steps and then_claim_for is not None:
             worker, lease = then_claim_for
             params.update(worker=worker[:200], claim_actor=f"worker:{worker}"[:200],
                           lease_seconds=lease.total_seconds(), caps=caps_json())
-            return self._persist_then_claim(QUERIES["transition_with_steps_then_claim"]
-                                            .replace("{sets}", sets), params, task, token,
-                                            worker)
-        if self._row(QUERIES[query].replace("{sets}", sets), params) is None:
+            return self._persist_then_claim(
+                transition_statement(sets, with_steps=True, then_claim=True), params, task, token,
+                worker)
+        if self._row(transition_statement(sets, with_steps=bool(steps), then_claim=False),
+                     params) is None:
             raise ConcurrentTransition(f"task {task.pk} is no longer at version {token}")
         if then_claim_for is None:
             return None
