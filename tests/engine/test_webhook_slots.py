@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 from django.db import transaction
 from django.db.models.functions import Now
+from django.test import override_settings
 
 from tests.support.helpers import (
     background,
@@ -333,3 +334,21 @@ def test_an_endpoint_row_is_kept_per_host_and_port_not_per_url(owner):
         receiver.url.split("/")[2]]
     assert set(WebhookDelivery.objects.values_list("endpoint", flat=True)) == {
         receiver.url.split("/")[2]}
+
+
+# --- the rules, alone ---------------------------------------------------------------------------
+
+@override_settings(PILOT_WEBHOOK_BREAKER_SECONDS=30, PILOT_WEBHOOK_MAX_DELAY_SECONDS=600)
+def test_each_pause_in_a_row_lasts_twice_as_long_up_to_the_longest_delay():
+    from workflows.engine.webhook_slots import pause_after
+
+    assert [pause_after(n).total_seconds() for n in (1, 2, 3, 4, 5, 6, 100)] == [
+        30, 60, 120, 240, 480, 600, 600]
+
+
+def test_an_endpoint_being_probed_after_a_pause_takes_one_attempt_at_a_time():
+    from workflows.engine.webhook_slots import Limits
+
+    limits = Limits(client=4, endpoint=8, failures=5)
+    assert [limits.endpoint_cap(n) for n in (0, 4, 5, 9)] == [8, 8, 1, 1]
+    assert Limits(client=4, endpoint=8, failures=0).endpoint_cap(99) == 8
