@@ -1,7 +1,7 @@
 """The host's own workflow (docs/embedding.md, step 6): PILOT imports every
 installed app's `pilot_workflows` module."""
 
-from workflows.registry import define_workflow
+from workflows.sdk import define_workflow
 
 receipt = define_workflow("shop.receipt", max_attempts=3)
 
