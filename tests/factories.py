@@ -25,6 +25,7 @@ PATHS = {
     S.CANCELLING: ["claim", "cancel"],
     S.COMPENSATING: ["claim", "compensate"],
     S.CANCELLED: ["cancel"],
+    S.WAITING: ["claim", "park"],
 }
 
 
@@ -43,6 +44,9 @@ def transition_kwargs(name: str, task: Task | None = None) -> dict:
         "cancel": {"needs_compensation": False, "now": now},
         "finish_cancel": {"now": now},
         "retry": {"budget": 3, "now": now},
+        "park": {"waiting_for": {"kind": "signal", "step": 0, "name": "go", "until": None},
+                 "until": None},
+        "wake": {"now": now},
     }[name]
 
 

@@ -35,7 +35,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -78,6 +78,52 @@ class Schedule:
     owner: str | None = None
 
 
+# Longest a wait may be declared for (a timer, a signal's timeout): a year.
+MAX_WAIT_SECONDS = 366 * 24 * 3600.0
+
+
+def _seconds_from(option: Any, payload: dict, what: str) -> float | None:
+    """A duration option as seconds for `payload`: a number, or a callable of
+    the payload returning one (None: no duration)."""
+    value = option(payload) if callable(option) else option
+    if value is None:
+        return None
+    if not _is_number(value) or not 0 <= value <= MAX_WAIT_SECONDS:
+        raise ValueError(f"{what} must be a number of seconds from 0 to {MAX_WAIT_SECONDS:.0f}, "
+                         f"not {value!r}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Wait:
+    """What a wait step waits for (docs/writing-workflows.md, "Waiting"): a
+    durable timer (`seconds`, or `until`: a callable of the payload returning an
+    aware datetime) or a signal named `signal` with an optional `timeout`.
+    Durations are numbers or callables of the payload. The task parks —
+    `waiting`, holding no worker — until then."""
+
+    kind: str  # "timer" | "signal"
+    seconds: Any = None
+    until: Callable[[dict], datetime] | None = None
+    signal: str | None = None
+    timeout: Any = None
+
+    def deadline(self, payload: dict, now: datetime) -> datetime | None:
+        """When the wait ends by itself for `payload`, measured from `now` (a
+        database time): the timer's end, the signal's timeout, or None."""
+        if self.kind == "timer" and self.until is not None:
+            until = self.until(payload)
+            if not isinstance(until, datetime) or until.tzinfo is None:
+                raise ValueError(f"until must return an aware datetime, not {until!r}")
+            return max(until, now)
+        seconds = _seconds_from(self.seconds if self.kind == "timer" else self.timeout,
+                                payload, "seconds" if self.kind == "timer" else "timeout")
+        return None if seconds is None else now + timedelta(seconds=seconds)
+
+    def __call__(self, ctx: Any) -> Any:
+        raise TypeError("a wait step has no body: the engine parks the task and wakes it")
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     name: str
@@ -87,6 +133,8 @@ class Step:
     # Is the compensation a database-only body committed with its record
     # (exactly once)? Defaults to the step's own `atomic`.
     compensation_atomic: bool = False
+    # A wait step's wait (docs/writing-workflows.md, "Waiting"); None: a body to run.
+    wait: Wait | None = None
 
     def without_compensation(self) -> Step:
         """This step as a plan may pick it when, for a payload, there is nothing
@@ -171,6 +219,46 @@ class Workflow:
         self.steps.append(step)
         return step
 
+    def sleep(self, name: str, *, seconds: Any = None,
+              until: Callable[[dict], datetime] | None = None) -> Step:
+        """Append a durable timer: the task parks (`waiting`, holding no worker)
+        for `seconds` — a number, or a callable of the payload — or until
+        `until(payload)`, an aware datetime, by the database's clock. Its output
+        is `{"until": <ISO time>}`."""
+        if (seconds is None) == (until is None):
+            self._refuse(f"sleep {name!r} needs exactly one of seconds= or until=")
+        if until is not None and not callable(until):
+            self._refuse(f"until of sleep {name!r} must be a callable of the payload")
+        self._check_duration(seconds, f"seconds of sleep {name!r}")
+        return self._add_wait(name, Wait("timer", seconds=seconds, until=until))
+
+    def wait_for_signal(self, name: str, *, signal: str | None = None,
+                        timeout: Any = None) -> Step:
+        """Append a signal wait: the task parks until a signal named `signal`
+        (default: the step's name) is sent to it (POST …/signals/<signal>,
+        `signal_task`, the console) — one sent earlier is kept and consumed at
+        once — and the signal's payload is the step's output. After `timeout`
+        seconds (a number or a callable of the payload; None: never) the step
+        fails with SignalTimeout."""
+        signal = name if signal is None else signal
+        if not isinstance(signal, str) or not STEP_NAME_RE.match(signal):
+            self._refuse(f"signal name {signal!r} of step {name!r} must be 1-100 letters, "
+                         "digits, '_' or '-'")
+        self._check_duration(timeout, f"timeout of step {name!r}")
+        return self._add_wait(name, Wait("signal", signal=signal, timeout=timeout))
+
+    def _check_duration(self, value: Any, what: str) -> None:
+        if value is None or callable(value):
+            return
+        if not _is_number(value) or not 0 <= value <= MAX_WAIT_SECONDS:
+            self._refuse(f"{what} must be a number of seconds from 0 to "
+                         f"{MAX_WAIT_SECONDS:.0f} or a callable of the payload")
+
+    def _add_wait(self, name: str, wait: Wait) -> Step:
+        step = self.add_step(name, wait)
+        self.steps[-1] = step = dataclasses.replace(step, wait=wait)
+        return step
+
     def steps_for(self, payload: dict) -> list[Step]:
         """The steps one run executes: all of them, or what `plan` picks from them
         (in order) for this payload, e.g. the first `payload["steps"]`. A plan
@@ -199,7 +287,9 @@ class Workflow:
             "description": self.description,
             "steps": [{"index": i, "name": s.name, "atomic": s.atomic,
                        "compensation": getattr(s.compensation, "__name__", None),
-                       "compensation_atomic": s.compensation_atomic}
+                       "compensation_atomic": s.compensation_atomic,
+                       "waits_for": None if s.wait is None else
+                       {"kind": s.wait.kind, "signal": s.wait.signal}}
                       for i, s in enumerate(self.steps)],
             "max_attempts": self.policy.max_attempts,
             "backoff": {"initial_seconds": self.policy.initial, "factor": self.policy.factor,

@@ -53,18 +53,37 @@ def task_deliveries(task) -> list:
     return sorted(task.deliveries.all(), key=lambda d: d.pk)
 
 
-def task_data(task, steps=None, deliveries=None) -> dict:
+def signal_data(signal) -> dict:
+    """One signal sent to a task (docs/waiting.md)."""
+    return {"name": signal.name, "payload": signal.payload,
+            "received_at": _when(signal.received_at), "consumed_at": _when(signal.consumed_at)}
+
+
+def task_data(task, steps=None, deliveries=None, signals=None) -> dict:
     """The representation of `task`; `steps` defaults to its prefetched or
-    stored checkpoints in index order, `deliveries` to task_deliveries(task)."""
+    stored checkpoints in index order, `deliveries` to task_deliveries(task),
+    `signals` to its prefetched or stored signals, oldest first."""
     if steps is None:
         steps = sorted(task.steps.all(), key=lambda s: s.index)
     if deliveries is None:
         deliveries = task_deliveries(task)
+    if signals is None:
+        signals = sorted(task.signals.all(), key=lambda s: s.pk)
     return {
         **_core(task, steps),
         "callback_url": task.callback_url or None,
         "deliveries": [delivery_data(d) for d in deliveries],
+        "signals": [signal_data(s) for s in signals],
     }
+
+
+def _waiting_for(task) -> dict | None:
+    """What a waiting task waits for, as the API shows it: its kind, and the
+    signal's name and when the wait ends by itself where they apply."""
+    shown = task.waits_for
+    if shown is None:
+        return None
+    return {k: shown[k] for k in ("kind", "name", "until") if shown.get(k) is not None}
 
 
 def _core(task, steps) -> dict:
@@ -73,7 +92,8 @@ def _core(task, steps) -> dict:
         "state": task.state, "payload": task.payload, "result": task.result,
         "error": task.error, "error_type": task.error_type, "attempts": task.attempts,
         "max_attempts": task.max_attempts, "replays": task.replays,
-        "next_attempt_at": _when(task.next_attempt_at), "source": task.source,
+        "next_attempt_at": _when(task.next_attempt_at), "waiting_for": _waiting_for(task),
+        "source": task.source,
         "trace_id": task.trace_id, "created_at": _when(task.created_at),
         "started_at": _when(task.started_at), "finished_at": _when(task.finished_at),
         "expires_at": _when(task.expires_at), "steps": [step_data(s) for s in steps],
@@ -82,7 +102,8 @@ def _core(task, steps) -> dict:
 
 def webhook_body(task, steps) -> bytes:
     """A completion webhook's body: the task representation without
-    `deliveries` (which would describe the delivery itself, mid-flight), as
-    compact JSON bytes."""
+    `deliveries` (which would describe the delivery itself, mid-flight) and
+    `signals` (each wait step's output holds the one it consumed), as compact
+    JSON bytes."""
     data = {**_core(task, steps), "callback_url": task.callback_url or None}
     return json.dumps(data, separators=(",", ":")).encode("ascii")

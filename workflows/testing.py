@@ -53,10 +53,12 @@ from workflows.engine import (
     fault_point,
     task_expire_lease,
     task_run,
+    task_signal,
     task_skip_backoff,
     task_trigger,
 )
 from workflows.models import Task
+from workflows.rules.states import TaskState
 
 __all__ = ["DEFAULT_OWNER", "WorkflowRunStuck", "run_workflow"]
 
@@ -70,7 +72,8 @@ class WorkflowRunStuck(AssertionError):
 
 
 def run_workflow(name: str, payload: dict | None = None, *, key: str | None = None,
-                 owner=None, crash_at: str | None = None, crash_skip: int = 0,
+                 owner=None, signals: dict[str, dict] | None = None,
+                 crash_at: str | None = None, crash_skip: int = 0,
                  crash_times: int = 1, max_deliveries: int = 100) -> Task:
     """Trigger workflow `name` with `payload` and run it to its end in this
     process through the real engine; return the finished Task, read afresh
@@ -84,6 +87,10 @@ def run_workflow(name: str, payload: dict | None = None, *, key: str | None = No
     whose task has already finished replays it: the same task comes back, run
     once.
 
+    Waits take no time: a timer (or a signal's timeout) is due at once. A
+    signal wait consumes what `signals` sends ({name: payload}, each sent once,
+    before the run, as a partner would early: the mailbox keeps it).
+
     `crash_at` / `crash_skip` / `crash_times`: kill the worker at an engine
     fault point (see the module docstring). Raises `WorkflowRunStuck` if the
     task has not finished after `max_deliveries` deliveries."""
@@ -94,6 +101,10 @@ def run_workflow(name: str, payload: dict | None = None, *, key: str | None = No
     outcome = task_trigger(owner=owner, workflow=name, payload={} if payload is None else payload,
                            key=key or str(uuid.uuid4()))
     task_id = outcome.task.pk
+    for signal_name, signal_payload in (signals or {}).items():
+        task_signal(task_id=task_id, name=signal_name, payload=signal_payload,
+                    key=f"run_workflow:{signal_name}", user=None,
+                    actor="test:run_workflow")
     crashes = (fault_armed(crash_at, skip=crash_skip, times=crash_times) if crash_at
                else contextlib.nullcontext())
     with crashes:
@@ -101,7 +112,9 @@ def run_workflow(name: str, payload: dict | None = None, *, key: str | None = No
             task = Task.objects.get(pk=task_id)
             if task.is_finished:
                 return task
-            task_skip_backoff(task_id=task.pk)  # what waits out a backoff is due now
+            # what waits out a backoff, a timer or a timeout is due now
+            if task_skip_backoff(task_id=task.pk) and task.state == TaskState.WAITING:
+                dispatch_once()  # wakes it
             try:
                 report = task_run(task_id=task_id)
                 fault_point("before_ack")  # where a worker acknowledges its message

@@ -55,7 +55,8 @@ def test_location_and_schema_paths_follow_where_the_api_is_mounted(api):
     assert set(paths) == {
         "/elsewhere/pilot/tasks", "/elsewhere/pilot/tasks/batch",
         "/elsewhere/pilot/tasks/{task_id}", "/elsewhere/pilot/tasks/{task_id}/cancel",
-        "/elsewhere/pilot/tasks/{task_id}/retry", "/elsewhere/pilot/workflows",
+        "/elsewhere/pilot/tasks/{task_id}/retry",
+        "/elsewhere/pilot/tasks/{task_id}/signals/{name}", "/elsewhere/pilot/workflows",
         "/ops/healthz", "/ops/readyz"}
     assert paths["/elsewhere/pilot/tasks"]["post"]["requestBody"]["required"] is True
 

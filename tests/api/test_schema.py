@@ -20,7 +20,17 @@ def test_every_endpoint_is_documented(schema):
     assert set(schema["paths"]) == {
         "/api/v1/tasks", "/api/v1/tasks/batch", "/api/v1/tasks/{task_id}",
         "/api/v1/tasks/{task_id}/cancel", "/api/v1/tasks/{task_id}/retry",
-        "/api/v1/workflows", "/healthz", "/readyz"}
+        "/api/v1/tasks/{task_id}/signals/{name}", "/api/v1/workflows", "/healthz", "/readyz"}
+
+
+def test_the_signal_documents_its_key_its_replay_and_every_error(schema):
+    post = schema["paths"]["/api/v1/tasks/{task_id}/signals/{name}"]["post"]
+    [header] = [p for p in post["parameters"] if p["name"] == "Idempotency-Key"]
+    assert header["in"] == "header" and header["required"] is True
+    assert {"200", "202", "400", "404", "409", "422"} <= set(post["responses"])
+    assert "task_finished" in post["responses"]["409"]["description"]
+    task = schema["components"]["schemas"]["Task"]["properties"]
+    assert {"waiting_for", "signals"} <= set(task)
 
 
 def test_the_trigger_documents_the_key_header_its_limits_and_every_error(schema):

@@ -230,7 +230,8 @@ def test_an_idle_pass_is_a_handful_of_small_queries(start, django_assert_max_num
     for _ in range(5):
         start()
     drain()
-    with django_assert_max_num_queries(13):
+    # 14: the scans of dispatcher.py's docstring, the wake of due waits among them.
+    with django_assert_max_num_queries(14):
         report = dispatch_once()
     assert report.actions == 0
 

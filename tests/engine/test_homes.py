@@ -15,6 +15,7 @@ HOMES = {
     "store": ["tests/engine/store"],
     "replays": ["tests/engine/test_replays_fold.py"],
     "cleanup": ["tests/commands/test_cleanup_tasks.py"],
+    "signals": ["tests/engine/test_waiting.py"],
 }
 
 

@@ -22,7 +22,10 @@ LEGAL = {
     "recover": {S.RUNNING: S.RETRYING},
     "compensate": {S.RUNNING: S.COMPENSATING},
     "fail": {S.RUNNING: S.FAILED, S.COMPENSATING: S.FAILED},
-    "cancel": {S.PENDING: S.CANCELLED, S.RETRYING: S.CANCELLED, S.RUNNING: S.CANCELLING},
+    "cancel": {S.PENDING: S.CANCELLED, S.RETRYING: S.CANCELLED, S.WAITING: S.CANCELLED,
+               S.RUNNING: S.CANCELLING},
+    "park": {S.RUNNING: S.WAITING},
+    "wake": {S.WAITING: S.PENDING},
     "finish_cancel": {S.CANCELLING: S.CANCELLED},
     "retry": {S.FAILED: S.PENDING, S.CANCELLED: S.PENDING},
     "resume": {S.COMPENSATING: S.COMPENSATING, S.CANCELLING: S.CANCELLING},
@@ -34,9 +37,9 @@ def transition_apply(task, name, *, actor, reason="", **kwargs):
     store().transition(task, name, at=timezone.now(), actor=actor, reason=reason, **kwargs)
 
 
-def test_the_machine_has_eight_states():
-    assert set(S.values) == {"pending", "running", "retrying", "cancelling", "compensating",
-                             "succeeded", "failed", "cancelled"}
+def test_the_machine_has_nine_states():
+    assert set(S.values) == {"pending", "running", "retrying", "waiting", "cancelling",
+                             "compensating", "succeeded", "failed", "cancelled"}
 
 
 @pytest.mark.parametrize("name, source, target", [

@@ -255,6 +255,10 @@ def lock_waiters(*kinds: str) -> int:
     from django.db import connection
 
     with connection.cursor() as cursor:
+        # Inside a transaction (a hook run mid-write) pg_stat_activity is read
+        # once and cached: without this, a session that began waiting after the
+        # first look would never be seen.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute("SELECT count(DISTINCT l.pid) FROM pg_locks AS l "
                        "JOIN pg_stat_activity AS a ON a.pid = l.pid "
                        "WHERE NOT l.granted AND a.datname = current_database() "

@@ -40,8 +40,8 @@ def api_client_create(name: str, *, rotate: bool = False, allow_staff: bool = Fa
                       overlap: bool = True,
                       expires_in: timedelta | None = None) -> tuple[object, str | None]:
     """Ensure an upstream client: a user without a password, with the trigger
-    permission (`workflows.add_task`) and an API token (stored hashed:
-    models.token).
+    permission (`workflows.add_task`; `workflows.signal_task` for its own tasks)
+    and an API token (stored hashed: models.token).
 
     An existing staff or superuser account is refused (ApiClientRefused) unless
     `allow_staff`: a token on it would carry every permission of a person's
@@ -68,8 +68,9 @@ def api_client_create(name: str, *, rotate: bool = False, allow_staff: bool = Fa
         if created:
             user.set_unusable_password()
             user.save(update_fields=["password"])
-        user.user_permissions.add(
-            Permission.objects.get(codename="add_task", content_type__app_label="workflows"))
+        # Trigger, and signal its own tasks (docs/waiting.md).
+        user.user_permissions.add(*Permission.objects.filter(
+            codename__in=("add_task", "signal_task"), content_type__app_label="workflows"))
         existing = ApiToken.objects.select_for_update().filter(user=user).first()
         if existing and not rotate:
             return user, None
@@ -207,6 +208,8 @@ def api_client_scope(user) -> list[str]:
     if user.has_perm("workflows.add_task"):
         lines.append("trigger workflows (workflows.add_task)")
     lines.append("read, cancel and retry the tasks it triggered itself")
+    if user.has_perm("workflows.signal_task"):
+        lines.append("send signals to the tasks it triggered itself (workflows.signal_task)")
     if user.is_superuser:
         lines.append("EVERYTHING ELSE TOO: it is a superuser — it reads, cancels and "
                      "retries every client's tasks")

@@ -21,6 +21,8 @@ from workflows.api.serializers import (
 )
 from workflows.engine import MAX_BATCH
 from workflows.rules.keys import KEY_SCHEMA, MAX_KEY_LENGTH
+from workflows.registry import STEP_NAME_RE
+from workflows.rules.states import TaskState
 
 # status -> the codes that status carries
 CODES = {
@@ -31,7 +33,8 @@ CODES = {
     404: "not_found",
     405: "method_not_allowed",
     406: "not_acceptable",
-    409: "task_cancelled (trigger), invalid_transition (cancel/retry), conflict",
+    409: "task_cancelled (trigger), invalid_transition (cancel/retry), task_finished (signal), "
+         "conflict",
     413: "payload_too_large",
     415: "unsupported_media_type",
     422: "idempotency_key_reused",
@@ -40,7 +43,8 @@ CODES = {
 }
 
 
-_STATE = "(pending|running|retrying|cancelling|succeeded|failed|cancelled)"
+# Every state the filter accepts (TaskState: compensating was missing here once).
+_STATE = "(" + "|".join(TaskState.values) + ")"
 
 
 def errors(*statuses: int) -> dict:
@@ -189,7 +193,7 @@ def strict_request_bodies(result, generator, request, public):
             body["required"] = True
     for name, component in result.get("components", {}).get("schemas", {}).items():
         if (name.startswith("Trigger") or name in (
-                "CancelRequest", "RetryRequest", "BatchRequestDocRequest")) \
+                "CancelRequest", "RetryRequest", "SignalRequest", "BatchRequestDocRequest")) \
                 and component.get("type") == "object":
             component["additionalProperties"] = False
     return result
@@ -217,3 +221,23 @@ RETRY_DESCRIPTION = (
     "checkpoints, or from the first step with `from_start: true`. 409 `invalid_transition` "
     "for any other state. Cancel and retry share one per-client rate limit "
     "(PILOT_ACTION_RATE): 429 `throttled` with Retry-After beyond it.")
+
+
+SIGNAL_DESCRIPTION = (
+    "Send signal `name` to a task (docs/waiting.md). The signal is stored before the 202; one "
+    "sent before the task waits for it is kept, and a wait step consumes the oldest unconsumed "
+    "signal of its name exactly once (its payload is the step's output). `Idempotency-Key` is "
+    "required and scoped to the task: the same key and payload answers 200 with "
+    "`Idempotent-Replayed: true` (even once the task finished), the key with another payload "
+    "422 `idempotency_key_reused`. 409 `task_finished` for a new signal to a finished task. "
+    "Needs `workflows.signal_task` (a client: its own tasks).")
+
+SIGNAL_NAME = OpenApiParameter(
+    "name", {"type": "string", "pattern": STEP_NAME_RE.pattern}, OpenApiParameter.PATH,
+    description="The signal's name: 1-100 letters, digits, '_' or '-', not starting with "
+                "a digit or '-'.")
+
+SIGNAL_KEY = OpenApiParameter(
+    "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True,
+    description=f"The signal's key, scoped to the task: 1-{MAX_KEY_LENGTH} visible ASCII "
+                "characters (bare or an RFC 8941 quoted string).")

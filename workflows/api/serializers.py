@@ -15,7 +15,7 @@ from rest_framework import serializers
 
 from workflows.engine import MAX_BATCH
 from workflows.models import DeliveryState, StepCheckpoint, Task
-from workflows.representation import delivery_data, task_deliveries
+from workflows.representation import delivery_data, signal_data, task_data, task_deliveries
 from workflows.rules.keys import KEY_SCHEMA
 from workflows.rules.states import TaskState
 
@@ -139,6 +139,42 @@ class DeliverySerializer(serializers.Serializer):
         return delivery_data(instance)
 
 
+class SignalOutSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    payload = serializers.JSONField()
+    received_at = serializers.DateTimeField()
+    consumed_at = serializers.DateTimeField(
+        allow_null=True, help_text="When a wait step consumed it; null while it is kept.")
+
+
+class WaitingForSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["timer", "signal", "children"])
+    name = serializers.CharField(required=False, help_text="The awaited signal's name.")
+    until = serializers.DateTimeField(
+        required=False, help_text="When the wait ends by itself: a timer's end, a signal's "
+                                  "timeout (absent: it waits until its signal comes).")
+
+
+class SignalResponseSerializer(serializers.Serializer):
+    signal = SignalOutSerializer()
+
+
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class JSONObjectField(serializers.JSONField):
+    """A JSON object (null, lists and scalars are refused)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("Must be a JSON object.")
+        return super().to_internal_value(data)
+
+
+class SignalSerializer(StrictSerializer):
+    payload = JSONObjectField(
+        required=False, default=dict,
+        help_text="A JSON object: the output of the wait step that consumes the signal.")
+
+
 class TaskSerializer(serializers.ModelSerializer):
     payload = serializers.JSONField()
     result = serializers.JSONField(allow_null=True)
@@ -149,13 +185,18 @@ class TaskSerializer(serializers.ModelSerializer):
         "client's default endpoint when the task was triggered; null for none."))
     deliveries = serializers.SerializerMethodField(help_text=(
         "Its completion webhooks, one per terminal state it reached, oldest first."))
+    waiting_for = serializers.SerializerMethodField(help_text=(
+        "What a `waiting` task waits for; null in every other state."))
+    signals = serializers.SerializerMethodField(help_text=(
+        "The signals sent to it, oldest first (docs/waiting.md)."))
 
     class Meta:
         model = Task
         fields = ["id", "idempotency_key", "workflow", "state", "payload", "result", "error",
                   "error_type", "attempts", "max_attempts", "replays", "next_attempt_at",
-                  "source", "trace_id", "created_at", "started_at", "finished_at",
-                  "expires_at", "steps", "callback_url", "deliveries"]
+                  "waiting_for", "source", "trace_id", "created_at", "started_at",
+                  "finished_at", "expires_at", "steps", "callback_url", "deliveries",
+                  "signals"]
         read_only_fields = fields
 
     @extend_schema_field(serializers.URLField(allow_null=True))
@@ -165,6 +206,14 @@ class TaskSerializer(serializers.ModelSerializer):
     @extend_schema_field(DeliverySerializer(many=True))
     def get_deliveries(self, task):
         return [delivery_data(d) for d in task_deliveries(task)]
+
+    @extend_schema_field(WaitingForSerializer(allow_null=True))
+    def get_waiting_for(self, task):
+        return task_data(task, [], [], [])["waiting_for"]
+
+    @extend_schema_field(SignalOutSerializer(many=True))
+    def get_signals(self, task):
+        return [signal_data(s) for s in task.signals.order_by("id")]
 
 
 class BatchResultSerializer(serializers.Serializer):

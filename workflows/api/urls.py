@@ -18,6 +18,8 @@ urlpatterns = [
     path("tasks/<uuid:task_id>", views.TaskDetailView.as_view(), name="task-detail"),
     path("tasks/<uuid:task_id>/cancel", views.TaskCancelView.as_view(), name="task-cancel"),
     path("tasks/<uuid:task_id>/retry", views.TaskRetryView.as_view(), name="task-retry"),
+    path("tasks/<uuid:task_id>/signals/<str:name>", views.TaskSignalView.as_view(),
+         name="task-signal"),
     path("workflows", views.WorkflowListView.as_view(), name="workflows"),
     path("schema", SchemaView.as_view(), name="schema"),
     path("docs", DocsView.as_view(url_name="pilot_api:schema"), name="docs"),

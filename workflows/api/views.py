@@ -21,6 +21,8 @@ from workflows.api.serializers import (
     BatchSerializer,
     CancelSerializer,
     RetrySerializer,
+    SignalResponseSerializer,
+    SignalSerializer,
     TaskSerializer,
     TriggerSerializer,
     WorkflowSerializer,
@@ -34,13 +36,14 @@ from workflows.engine import (
     TriggerRequest,
     task_cancel,
     task_retry,
+    task_signal,
     task_trigger,
     task_trigger_many,
 )
 from workflows.models import StepCheckpoint
 from workflows.observability.middleware import request_trace_context
 from workflows.registry import registry
-from workflows.representation import task_data
+from workflows.representation import signal_data, task_data
 from workflows.rules.errors import (
     IdempotencyKeyMismatch,
     PilotError,
@@ -55,8 +58,9 @@ MAX_BATCH_BODY_BYTES = 16 * 1024 * 1024
 
 
 def _with_steps(queryset):
+    """With its steps and its signals (two queries for a page)."""
     return queryset.prefetch_related(
-        Prefetch("steps", queryset=StepCheckpoint.objects.order_by("index")))
+        Prefetch("steps", queryset=StepCheckpoint.objects.order_by("index")), "signals")
 
 
 def _trace(request) -> dict:
@@ -91,10 +95,11 @@ def _trigger_response(outcome) -> Response:
     created = outcome.outcome == "created"
     steps: list[Any] | None = [] if created else None  # a new task has no steps yet
     deliveries: list[Any] | None = [] if created else None  # nor deliveries
+    signals: list[Any] | None = [] if created else None  # nor signals
     headers = {"Idempotent-Replayed": "true" if outcome.replayed else "false"}
     if outcome.http_status == status.HTTP_202_ACCEPTED:
         headers["Location"] = reverse("pilot_api:task-detail", kwargs={"task_id": task.pk})
-    return Response(task_data(task, steps, deliveries), status=outcome.http_status,
+    return Response(task_data(task, steps, deliveries, signals), status=outcome.http_status,
                     headers=headers)
 
 
@@ -173,8 +178,10 @@ class TaskBatchView(PilotAPIView):
                                          source=Source.BATCH, **_trace(request))
             tasks = [o.task for o in outcomes if not isinstance(o, PilotError)]
             steps = _steps_by_task(tasks)
-            _with_deliveries(o.task for o in outcomes
-                             if not isinstance(o, PilotError) and o.outcome != "created")
+            replayed = [o.task for o in outcomes
+                        if not isinstance(o, PilotError) and o.outcome != "created"]
+            _with_deliveries(replayed)
+            prefetch_related_objects(replayed, "signals")  # one query, for the replays
             for (index, _), outcome in zip(requests, outcomes, strict=True):
                 if isinstance(outcome, PilotError):
                     results[index] = pilot_error_dict(outcome)
@@ -182,8 +189,8 @@ class TaskBatchView(PilotAPIView):
                 task = outcome.task
                 results[index] = {"status": outcome.http_status, "replayed": outcome.replayed,
                                   "task": task_data(task, steps.get(task.pk, []),
-                                                    [] if outcome.outcome == "created"
-                                                    else None)}
+                                                    *([[], []] if outcome.outcome == "created"
+                                                      else [None, None]))}
         return Response({"results": [_batch_item(r) for r in results]})
 
 
@@ -239,6 +246,26 @@ class TaskRetryView(PilotAPIView):
         task = task_retry(task_id=task_get_for(request.user, task_id).pk, user=request.user,
                           from_start=data["from_start"])
         return Response(task_data(task), status=status.HTTP_202_ACCEPTED)
+
+
+class TaskSignalView(PilotAPIView):
+    """POST: send a signal to a task (docs/waiting.md)."""
+
+    throttle_classes = [ActionRateThrottle]
+
+    @documented(operation_id="tasks_signal", request=SignalSerializer,
+                parameters=[docs.SIGNAL_NAME, docs.SIGNAL_KEY],
+                responses={202: SignalResponseSerializer, 200: SignalResponseSerializer,
+                           **docs.errors(400, 401, 403, 404, 409, 413, 422, 429, 503)},
+                description=docs.SIGNAL_DESCRIPTION)
+    def post(self, request, task_id, name):
+        data = _validated(SignalSerializer, request.data or {})
+        task = task_get_for(request.user, task_id)
+        outcome = task_signal(task_id=task.pk, name=name, payload=data["payload"],
+                              key=request.headers.get("Idempotency-Key"), user=request.user)
+        return Response({"signal": signal_data(outcome.signal)}, status=outcome.http_status,
+                        headers={"Idempotent-Replayed": "true" if outcome.replayed
+                                 else "false"})
 
 
 class WorkflowListView(PilotAPIView):

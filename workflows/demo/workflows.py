@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from workflows.models import DemoLedger, DemoOrder
@@ -205,3 +206,72 @@ def boom(ctx):
     if ctx.attempt <= ctx.payload["crash_times"]:
         os._exit(137)
     return {"survived_attempt": ctx.attempt}
+
+
+# --- demo.timer -----------------------------------------------------------------------------
+
+@extend_schema_field({"type": "number", "minimum": 0, "exclusiveMinimum": True,
+                      "maximum": 3600})
+class TimerSeconds(JSONNumber):
+    """More than 0, at most 3600 (an hour)."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if value <= 0:
+            raise serializers.ValidationError("Must be greater than 0.")
+        return value
+
+
+class TimerPayload(serializers.Serializer):
+    seconds = TimerSeconds(max_value=3600)
+
+
+timer = define_workflow(
+    "demo.timer", payload_serializer=TimerPayload,
+    description="Steps before, wait (a durable timer of `seconds`: the task is `waiting`, "
+                "holding no worker), after; result {\"waited\": seconds}.")
+
+
+@timer.step
+def before(ctx):
+    return {"started": True}
+
+
+timer.sleep("wait", seconds=lambda payload: payload["seconds"])
+
+
+@timer.step
+def after(ctx):
+    return {"waited": ctx.payload["seconds"]}
+
+
+# --- demo.approval --------------------------------------------------------------------------
+
+class ApprovalPayload(serializers.Serializer):
+    timeout_seconds = JSONNumber(min_value=0, max_value=366 * 24 * 3600, required=False,
+                                 default=3600)
+
+
+approval = define_workflow(
+    "demo.approval", payload_serializer=ApprovalPayload,
+    description="Steps prepare, decision (waits for signal `decision` up to "
+                "`timeout_seconds`: its output is the signal's payload), apply (approved: "
+                "one DemoLedger row 'apply'); result = apply's output.")
+
+
+@approval.step(name="prepare")
+def approval_prepare(ctx):
+    return {"prepared": True}
+
+
+approval.wait_for_signal("decision",
+                         timeout=lambda payload: payload.get("timeout_seconds", 3600))
+
+
+@approval.step(atomic=True)
+def apply(ctx):
+    decision = ctx.outputs["decision"]
+    if not isinstance(decision, dict) or decision.get("approved") is not True:
+        return {"approved": False}
+    DemoLedger.objects.create(task=ctx.task_id, action="apply")
+    return {"approved": True, "by": decision.get("by")}

@@ -54,6 +54,7 @@ from workflows.engine.schedule_definitions import (
     schedules_sync_declared,
 )
 from workflows.engine.schedules import schedules_fire_due
+from workflows.engine.signals import SignalOutcome, task_signal
 from workflows.engine.store import database_now
 from workflows.engine.store.rows import CANCELLED_WHILE_RUNNING
 from workflows.engine.triggers import (
@@ -76,6 +77,7 @@ __all__ = [
     "MAX_BATCH",
     "REPLAYED",
     "RESEND_PERMISSION",
+    "SignalOutcome",
     "SimulatedCrash",
     "StepContext",
     "TriggerRequest",
@@ -103,6 +105,7 @@ __all__ = [
     "task_expire_lease",
     "task_retry",
     "task_run",
+    "task_signal",
     "task_skip_backoff",
     "task_trigger",
     "task_trigger_many",

@@ -7,6 +7,8 @@ One pass (`dispatch_once`) reads the database's clock once and then:
    attempt counts) while attempts remain; with none left — a poison task that
    kills its worker every time — `compensate` (→ compensating, for a worker to
    undo its succeeded steps) when something is owed, else `fail`;
+   then wakes waiting tasks whose durable timer or signal timeout is due
+   (→ pending, enqueued; docs/waiting.md);
 2. enqueues work that is due: retries whose backoff elapsed, and compensation
    phases (compensating / cancelling) nobody holds — orphaned by a dead
    worker, deferred by a compensation's backoff, or cancelled while waiting;
@@ -55,6 +57,7 @@ from workflows.engine.deliveries import deliveries_enqueue_due
 from workflows.engine.enqueue import enqueue_on_commit
 from workflows.engine.leases import worker_id
 from workflows.engine.plans import owed_compensations
+from workflows.engine.signals import task_wake_due
 from workflows.engine.store import store
 from workflows.models import Task
 from workflows.observability.events import Event, emit, emit_on_commit
@@ -77,6 +80,7 @@ class DispatchReport:
     recovered: int = 0
     failed: int = 0
     compensations_started: int = 0
+    woken: int = 0
     retries_enqueued: int = 0
     compensations_enqueued: int = 0
     cancels_finished: int = 0
@@ -90,7 +94,7 @@ class DispatchReport:
 
     @property
     def actions(self) -> int:
-        return (self.recovered + self.failed + self.compensations_started
+        return (self.recovered + self.failed + self.compensations_started + self.woken
                 + self.retries_enqueued + self.compensations_enqueued + self.cancels_finished
                 + self.reenqueued + self.owed_enqueued + self.deliveries_enqueued)
 
@@ -105,12 +109,14 @@ def dispatch_once(*, batch: int = BATCH, actor: str | None = None) -> DispatchRe
     now = store().db_now()
     report = DispatchReport(db_now=now)
     _recover_expired_leases(now, batch, actor, report)
+    _wake_due(now, batch, actor, report)
     _enqueue_due(now, batch, actor, report)
     _enqueue_owed(now, batch, report)
     _reenqueue_lost(now, report)
     report.deliveries_enqueued, full = deliveries_enqueue_due(now, batch=batch)
     report.full = report.full or full
-    report.next_due = (Task.objects.filter(state__in=[TaskState.RETRYING, *COMPENSATION_STATES],
+    report.next_due = (Task.objects.filter(state__in=[TaskState.RETRYING, TaskState.WAITING,
+                                                     *COMPENSATION_STATES],
                                            next_attempt_at__gt=now)
                        .aggregate(m=Min("next_attempt_at"))["m"])
     for action, count in report.as_dict().items():
@@ -187,6 +193,20 @@ def _recover_expired_leases(now: datetime, batch: int, actor: str,
                            trace_id=task.trace_id or None)
 
         _each(tasks, report, recover)
+
+
+def _wake_due(now: datetime, batch: int, actor: str, report: DispatchReport) -> None:
+    """Waiting tasks whose timer or timeout is due by the database's clock →
+    pending, enqueued (their due time keeps its place in the claim order)."""
+    with transaction.atomic():
+        tasks = _locked(Task.objects.filter(state=TaskState.WAITING, next_attempt_at__lte=now)
+                        .order_by("next_attempt_at"), batch, report)
+
+        def wake(task: Task) -> None:
+            task_wake_due(task, now=now, actor=actor)
+            report.woken += 1
+
+        _each(tasks, report, wake)
 
 
 def _stale(now: datetime) -> datetime:

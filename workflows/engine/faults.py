@@ -33,6 +33,8 @@ POINTS = (
     "transition_reply",     # a worker's transition committed; its reply not yet read
     "before_ack",           # task finished and committed, message not yet acknowledged
     "before_fold_commit",   # a replay group folded (one row kept, the rest deleted), not committed
+    "before_park",          # a wait found nothing to consume; its park not yet written
+    "before_wake",          # a dispatcher's wake of a due wait written, not committed
 )
 
 

@@ -29,6 +29,7 @@ from workflows.engine.store import store
 from workflows.models import StepCheckpoint, Task
 from workflows.observability.events import Event, emit_on_commit
 from workflows.rules.errors import InvalidTransition, PermissionDenied, TaskNotFound
+from workflows.rules.states import TaskState
 from workflows.selectors import can_view_all
 
 
@@ -56,7 +57,7 @@ def _lock_for(user: Any, task_id: Any, *, owner_may: bool, action: str) -> Task:
 
 
 def task_cancel(*, task_id: Any, user: Any, reason: str = "", owner_may: bool = True) -> Task:
-    """Cancel a task. pending/retrying with nothing to compensate → `cancelled`
+    """Cancel a task. pending/retrying/waiting with nothing to compensate → `cancelled`
     at once; running → `cancelling` (its worker notices at its next write or
     heartbeat, takes the compensations over and finishes the cancel);
     pending/retrying with succeeded steps to compensate → `cancelling` and
@@ -71,6 +72,8 @@ def task_cancel(*, task_id: Any, user: Any, reason: str = "", owner_may: bool = 
         plan = cancel_plan(task, owed_compensations([task.pk]).get(task.pk, []))
         if not plan.allowed:
             raise InvalidTransition(_sentence(plan.summary))
+        if task.state == TaskState.WAITING:  # its wait step ends here, unanswered
+            store().interrupt_steps(task.pk, error="cancelled while waiting", at=now)
         move(task, "cancel", at=now, actor=actor_for(user), reason=reason,
              needs_compensation=plan.compensate, now=now,
              set_fields={"enqueued_at": now} if plan.enqueue else None)

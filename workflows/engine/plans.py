@@ -116,7 +116,7 @@ def cancel_plan(task: Task, owed: list[str]) -> CancelPlan:
         return CancelPlan(True, "its worker stops at the next step boundary or heartbeat, runs "
                           "the compensations of finished steps, then it becomes cancelled",
                           TaskState.CANCELLING, compensate=True)
-    if task.state in (TaskState.PENDING, TaskState.RETRYING):
+    if task.state in (TaskState.PENDING, TaskState.RETRYING, TaskState.WAITING):
         if owed:
             return CancelPlan(True, "a worker runs the compensations of " + ", ".join(owed)
                               + ", then it becomes cancelled", TaskState.CANCELLING,

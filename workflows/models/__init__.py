@@ -1,6 +1,7 @@
 from workflows.models.demo import DemoLedger, DemoOrder
 from workflows.models.replay import TaskReplay
 from workflows.models.schedule import MissedPolicy, PilotSchedule, ScheduleOrigin
+from workflows.models.signal import TaskSignal
 from workflows.models.step import StepCheckpoint
 from workflows.models.task import Task
 from workflows.models.token import ApiToken
@@ -14,4 +15,4 @@ from workflows.models.webhook import (
 
 __all__ = ["ApiToken", "ClientWebhook", "DeliveryState", "DemoLedger", "DemoOrder",
            "MissedPolicy", "PilotSchedule", "ScheduleOrigin", "StepCheckpoint", "Task",
-           "TaskReplay", "TaskTransition", "WebhookDelivery", "WebhookEndpoint"]
+           "TaskReplay", "TaskSignal", "TaskTransition", "WebhookDelivery", "WebhookEndpoint"]

@@ -35,6 +35,9 @@ from workflows.rules.states import (
     TaskState,
 )
 
+# `waiting_for` kinds (docs/waiting.md).
+WAIT_KINDS = ("timer", "signal", "children")
+
 MAX_ERROR_LENGTH = 4000
 
 S = TaskState
@@ -96,6 +99,11 @@ class Task(ConcurrentTransitionMixin, models.Model):
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField()
     next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # What a parked task waits for (docs/waiting.md): {"kind": timer|signal|children,
+    # "step": index, "name"?: signal, "until"?: ISO time}; written by `park`, kept
+    # by `wake` (the woken wait step reads its deadline back), cleared by `retry`.
+    # While waiting, `next_attempt_at` is when the wait ends by itself (NULL: never).
+    waiting_for = models.JSONField(null=True, blank=True)
     lease_token = models.PositiveBigIntegerField(default=0)
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
@@ -152,6 +160,10 @@ class Task(ConcurrentTransitionMixin, models.Model):
             models.Index(fields=["next_attempt_at"], name="task_due_idx",
                          condition=Q(state__in=[S.PENDING, S.RETRYING,
                                                 *COMPENSATION_STATES])),
+            # Dispatcher: waits whose timer or timeout is due (state = waiting AND
+            # next_attempt_at <= now).
+            models.Index(fields=["next_attempt_at"], name="pilot_task_wake_idx",
+                         condition=Q(state=S.WAITING)),
             # Dispatcher: expired leases (state IN running/compensating/cancelling AND
             # lease_expires_at < now).
             models.Index(fields=["lease_expires_at"], name="task_lease_expiry_idx",
@@ -171,6 +183,7 @@ class Task(ConcurrentTransitionMixin, models.Model):
             ("retry_task", "Can retry a task"),
             ("view_all_tasks", "Can view every client's tasks"),
             ("resend_webhook", "Can re-send a task's completion webhook"),
+            ("signal_task", "Can send a signal to a task"),
         ]
 
     def __str__(self) -> str:
@@ -204,6 +217,11 @@ class Task(ConcurrentTransitionMixin, models.Model):
             log = TaskReplay.objects.filter(task_id=self.pk).aggregate(
                 n=models.Sum("count"), last=models.Max("at"))
             self.pilot_replays, self.pilot_last_replayed_at = log["n"] or 0, log["last"]
+
+    @property
+    def waits_for(self) -> dict[str, Any] | None:
+        """What it waits for while `waiting`, else None (the API's `waiting_for`)."""
+        return self.waiting_for if self.state == S.WAITING else None
 
     @property
     def is_finished(self) -> bool:
@@ -306,9 +324,28 @@ class Task(ConcurrentTransitionMixin, models.Model):
         self._set_error(error, error_type)
         self._finish(now)
 
+    @transition(field=state, source=S.RUNNING, target=S.WAITING)
+    def park(self, *, waiting_for: dict[str, Any], until: datetime | None) -> None:
+        """A wait step parks the task: no worker and no lease hold it, and
+        nothing claims it before `wake` — its signal stored, its timer or
+        timeout due at `until` (a database time; None: no timeout)."""
+        self.waiting_for = waiting_for
+        self._release_lease()
+        self.next_attempt_at = until
+        self.enqueued_at = None
+
+    @transition(field=state, source=S.WAITING, target=S.PENDING)
+    def wake(self, *, now: datetime) -> None:
+        """Due at `now` again: the wait step runs on and decides. The claim that
+        follows continues the attempt that parked, so it does not spend the
+        budget (the cap moves by one, as `retry`'s does); `waiting_for` stays
+        for the wait step to read its deadline back."""
+        self.max_attempts += 1
+        self.next_attempt_at = now
+
     @transition(field=state, source=S.RUNNING, target=S.CANCELLING,
                 permission="workflows.cancel_task")
-    @transition(field=state, source=[S.PENDING, S.RETRYING],
+    @transition(field=state, source=[S.PENDING, S.RETRYING, S.WAITING],
                 target=RETURN_VALUE(S.CANCELLING, S.CANCELLED),
                 permission="workflows.cancel_task")
     def cancel(self, *, needs_compensation: bool, now: datetime) -> str:
@@ -340,6 +377,7 @@ class Task(ConcurrentTransitionMixin, models.Model):
         its own webhook)."""
         self.max_attempts = self.attempts + budget
         self.restarts += 1
+        self.waiting_for = None
         self.result = None
         self.error = ""
         self.error_type = ""

@@ -113,6 +113,14 @@ class Unavailable(PilotError):
     title = "Service unavailable"
 
 
+class TaskFinished(PilotError):
+    """A signal for a task that has already ended (409): nothing will wait for it."""
+
+    code = "task_finished"
+    http_status = 409
+    title = "Task finished"
+
+
 class Conflict(PilotError):
     """Lost a race too many times in a row; safe to retry with the same key."""
 
@@ -170,3 +178,10 @@ class NonRetryableError(StepError):
 class WorkflowChanged(NonRetryableError):
     """A stored checkpoint names a different step than the workflow now has at
     that index: resuming would skip the wrong step, so the run stops."""
+
+
+class SignalTimeout(StepError):
+    """A signal wait's timeout passed before its signal came. Not retried unless
+    the workflow's `retry_on` names it; compensations run as for any failure."""
+
+    retryable = None  # type: ignore[assignment]  # the workflow's retry_on decides

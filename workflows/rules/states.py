@@ -7,6 +7,7 @@ class TaskState(models.TextChoices):
     PENDING = "pending", "Pending"
     RUNNING = "running", "Running"
     RETRYING = "retrying", "Retrying"
+    WAITING = "waiting", "Waiting"
     CANCELLING = "cancelling", "Cancelling"
     COMPENSATING = "compensating", "Compensating"
     SUCCEEDED = "succeeded", "Succeeded"
@@ -23,11 +24,15 @@ FINISHED_STATES = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED)
 COMPENSATION_STATES = (TaskState.COMPENSATING, TaskState.CANCELLING)
 # States in which a worker holds (or held) a lease that the dispatcher watches.
 LEASED_STATES = (TaskState.RUNNING, *COMPENSATION_STATES)
+# Parked on a durable timer, a signal or its children (docs/waiting.md): no
+# worker and no lease hold it, and nothing claims it before `wake` (→ pending).
+WAITING_STATES = (TaskState.WAITING,)
 # A re-trigger with the same payload replays these without doing anything new.
 REPLAYABLE_STATES = (
     TaskState.PENDING,
     TaskState.RUNNING,
     TaskState.RETRYING,
+    TaskState.WAITING,
     TaskState.COMPENSATING,
     TaskState.SUCCEEDED,
 )

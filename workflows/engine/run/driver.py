@@ -4,10 +4,13 @@
       phase over (compensating / cancelling with no live lease); or "skipped"
     hold it (held.py): the task, its token, the database's clock
     build the plan once
-    run a phase — forward (forward.py) or compensation (compensation.py) —
-      and do what it hands back (outcomes.py): the compensation phase after
-      `Compensate`; after `CancelNoticed`, take the phase over under a new
-      token (`resume`) and compensate; stop at `Ended` or `Lost`
+    run a phase — forward (forward.py), wait (waiting.py) or compensation
+      (compensation.py) — and do what it hands back (outcomes.py): the wait
+      phase at a wait step (`WaitReached`), then the forward phase on after it
+      (`Waited`) or failing it (`WaitFailed`), or the end when it parked
+      (`Ended("waiting")`); the compensation phase after `Compensate`; after
+      `CancelNoticed`, take the phase over under a new token (`resume`) and
+      compensate; stop at `Ended` or `Lost`
 
 The driver only claims, holds and sequences: every write is the held
 attempt's, every decision about a step is a phase's, and no phase calls
@@ -56,8 +59,12 @@ from workflows.engine.run.outcomes import (
     Lost,
     Next,
     RunReport,
+    Waited,
+    WaitFailed,
+    WaitReached,
     describe,
 )
+from workflows.engine.run.waiting import Waiting
 from workflows.engine.store import Claimed, store
 from workflows.models import Task
 from workflows.observability import tracing
@@ -211,12 +218,25 @@ class Run:
                                               unplanned=unplanned).run()
             elif isinstance(nxt, CancelNoticed):
                 nxt = yield from self._take_over_cancel(nxt.in_flight, plan, unplanned)
+            elif isinstance(nxt, WaitReached):
+                nxt = yield from self._wait(nxt, plan)  # type: ignore[arg-type]  # planned
             elif isinstance(nxt, Ended):
                 self.report.outcome, self.next_claimed = nxt.outcome, nxt.next_claimed
                 return
             else:
                 self._lost(nxt.signal)
                 return
+
+    def _wait(self, reached: WaitReached, plan: Plan) -> Generator[str, None, Next]:
+        """The forward phase reached a wait step: the wait phase decides; the
+        forward phase goes on after it, or fails it."""
+        assert self.held is not None and self.forward is not None  # a forward phase ran
+        decided = yield from Waiting(self.held, plan, reached).run()
+        if isinstance(decided, Waited):
+            return (yield from self.forward.proceed(decided))
+        if isinstance(decided, WaitFailed):
+            return (yield from self.forward.fail_wait(decided))
+        return decided
 
     def _claim_for_run(self) -> Claimed | None:
         if self.claimed is not None:

@@ -10,6 +10,10 @@ succeeded checkpoint, in order, through the held attempt.
       or, when succeeded steps have compensations, `compensate`, and hand the
       compensation phase to the driver
 
+At a wait step it hands the decision to the wait phase (`WaitReached`) and,
+when the wait phase recorded the step, goes on after it (`proceed`) or fails
+it like any step (`fail_wait`).
+
 It returns what comes next (outcomes.py): `Ended`, `Compensate`, or — when a
 write or a heartbeat found the task changed — `CancelNoticed` with the step in
 flight, or `Lost`. An atomic step's body runs inside the transaction that
@@ -38,6 +42,9 @@ from workflows.engine.run.outcomes import (
     Lost,
     Next,
     RunReport,
+    Waited,
+    WaitFailed,
+    WaitReached,
     describe,
 )
 from workflows.engine.store import Claimed
@@ -62,12 +69,32 @@ class Forward:
         self.chain_until = chain_until
         self.in_flight: InFlight | None = None
         self.succeeded_here: list[int] = []
+        # The steps this phase runs (plan.todo()), the output of each step so far,
+        # and the position in `todo` of the step it is at.
+        self.todo: list[int] = []
+        self.outputs: dict[str, Any] = {}
+        self.position = 0
         # Whether the last step's success asked to claim the next task with it.
         self.chained = False
 
     def run(self) -> Generator[str, None, Next]:
+        return (yield from self._guarded(self._steps()))
+
+    def proceed(self, waited: Waited) -> Generator[str, None, Next]:
+        """After the wait phase recorded the wait step this phase reached: go on
+        with the step after it (or end, when it was the last)."""
+        return (yield from self._guarded(self._after_wait(waited)))
+
+    def fail_wait(self, failed: WaitFailed) -> Generator[str, None, Next]:
+        """The wait this phase reached ended without what it waited for: the
+        step failed, like any step."""
+        index = self.todo[self.position]
+        return (yield from self._guarded(
+            self._attempt_failed(index, self.plan.steps[index], failed.exc)))
+
+    def _guarded(self, phase: Generator[str, None, Next]) -> Generator[str, None, Next]:
         try:
-            return (yield from self._steps())
+            return (yield from phase)
         except CancelRequested:
             return CancelNoticed(self.in_flight)
         except WorkerSignal as signal:
@@ -75,20 +102,30 @@ class Forward:
 
     def _steps(self) -> Generator[str, None, Next]:
         held, plan = self.held, self.plan
-        outputs = {plan.steps[i].name: out for i, out in plan.done().items()}
-        todo = plan.todo()
-        if not todo:  # every step is recorded; the ending was lost with its worker
-            held.transition("succeed", result=outputs[plan.steps[-1].name],
+        self.outputs = {plan.steps[i].name: out for i, out in plan.done().items()}
+        self.todo = plan.todo()
+        if not self.todo:  # every step is recorded; the ending was lost with its worker
+            held.transition("succeed", result=self.outputs[plan.steps[-1].name],
                             now=held.clock.now())
             return Ended("succeeded")
-        first = todo[0]
+        first = self.todo[0]
         held.write([step_rows.started(first, plan.steps[first].name,
                                       plan.attempts_of(first) + 1, held.clock.now())])
-        for position, index in enumerate(todo):
+        return (yield from self._from(0))
+
+    def _from(self, start: int) -> Generator[str, None, Next]:
+        """The steps of `todo` from position `start` on; the one at `start` is
+        recorded as started."""
+        held, plan, todo = self.held, self.plan, self.todo
+        for position in range(start, len(todo)):
+            index = todo[position]
             yield "step"
             step = plan.steps[index]
             following = todo[position + 1] if position + 1 < len(todo) else None
+            self.position = position
             self.in_flight = InFlight(index, step)
+            if step.wait is not None:  # the wait phase decides (driver.py)
+                return WaitReached(index, step, following)
             started = time.monotonic()
             failed: StepFailure | None = None
             held.emit(Event.STEP_STARTED, level=logging.DEBUG, step=step.name)
@@ -97,7 +134,7 @@ class Forward:
                               workflow=task.workflow, step=step.name, index=index,
                               attempt=task.attempts) as span:
                 try:
-                    output, next_claimed = self._step(index, step, outputs, following)
+                    output, next_claimed = self._step(index, step, self.outputs, following)
                 except StepFailure as failure:
                     tracing.span_failed(span, failure.exc)
                     failed = failure
@@ -108,13 +145,25 @@ class Forward:
             # step-duration histogram, which still sees every event, carry it).
             held.emit(Event.STEP_FINISHED, level=logging.DEBUG, step=step.name,
                       duration_ms=round((time.monotonic() - started) * 1000, 3))
-            self.report.steps_run.append(step.name)
-            self.succeeded_here.append(index)
-            outputs[step.name] = output
+            self._done(index, step, output)
             if following is None:
                 return Ended("succeeded", next_claimed)
             faults.fault_point("after_checkpoint")
         raise AssertionError("unreachable: the last step returns")
+
+    def _after_wait(self, waited: Waited) -> Generator[str, None, Next]:
+        index = self.todo[self.position]
+        self.in_flight = None
+        self._done(index, self.plan.steps[index], waited.output)
+        if waited.last:
+            return Ended("succeeded")
+        faults.fault_point("after_checkpoint")
+        return (yield from self._from(self.position + 1))
+
+    def _done(self, index: int, step: Step, output: Any) -> None:
+        self.report.steps_run.append(step.name)
+        self.succeeded_here.append(index)
+        self.outputs[step.name] = output
 
     def _step(self, index: int, step: Step, outputs: dict[str, Any],
               following: int | None) -> Recorded:
@@ -137,20 +186,12 @@ class Forward:
 
     def _record(self, index: int, step: Step, output: Any,
                 following: int | None) -> Claimed | None:
-        """One step boundary, all or nothing: this step's success with the next
-        step's start — or, after the last step, with the task's success."""
-        held = self.held
-        now = held.clock.now()
-        done = step_rows.succeeded(index, step.name, output, now,
-                                   compensable=step.compensation is not None)
-        if following is None:
-            self.chained = self.chain_until is not None and time.monotonic() < self.chain_until
-            return held.transition("succeed", result=output, now=now, steps=[done],
-                                   then_claim=self.chained)
-        nxt = step_rows.started(following, self.plan.steps[following].name,
-                                self.plan.attempts_of(following) + 1, now)
-        held.write([done, nxt])
-        return None
+        """One step boundary (Held.record_step); the last step's success also
+        claims the next due task while the chain's deadline has not passed."""
+        self.chained = (following is None and self.chain_until is not None
+                        and time.monotonic() < self.chain_until)
+        return self.held.record_step(self.plan, index, step, output, following,
+                                     then_claim=self.chained)
 
     def _settle(self, index: int, following: int | None) -> Recorded | object:
         """After an error in an atomic step's transaction: did it commit anyway

@@ -43,9 +43,11 @@ from workflows.engine.leases import (
     lease_length,
     patiently,
 )
+from workflows.engine.plans import Plan
 from workflows.engine.run.outcomes import MISSING
 from workflows.engine.store import Claimed, OrmStore, StepRow
-from workflows.models import StepCheckpoint, Task, TaskTransition
+from workflows.engine.store import rows as step_rows
+from workflows.models import StepCheckpoint, Task, TaskSignal, TaskTransition
 from workflows.observability.events import Event, emit
 from workflows.registry import Step
 
@@ -149,6 +151,28 @@ class Held:
     def save_progress(self, index: int, progress: Any) -> None:
         self.fenced(lambda lease: self.store.save_progress(lease, index=index,
                                                            progress=progress))
+
+    def record_step(self, plan: Plan, index: int, step: Step, output: Any,
+                    following: int | None, *, then_claim: bool = False) -> Claimed | None:
+        """One step boundary, all or nothing: step `index`'s success with the
+        next step's start (`following`) — or, after the last step, with the
+        task's success, which may claim the next due task (`then_claim`)."""
+        now = self.clock.now()
+        done = step_rows.succeeded(index, step.name, output, now,
+                                   compensable=step.compensation is not None)
+        if following is None:
+            return self.transition("succeed", result=output, now=now, steps=[done],
+                                   then_claim=then_claim)
+        nxt = step_rows.started(following, plan.steps[following].name,
+                                plan.attempts_of(following) + 1, now)
+        self.write([done, nxt])
+        return None
+
+    def consume_signal(self, name: str, index: int) -> TaskSignal | None:
+        """Consume the oldest stored signal `name` for wait step `index`, fenced
+        (holding the task's row until the enclosing transaction ends)."""
+        return self.fenced(lambda lease: self.store.consume_signal(
+            lease, name, step=index, at=self.clock.now()))
 
     def transition(self, name: str, *, reason: str = "", then_claim: bool = False,
                    **kwargs: Any) -> Claimed | None:

@@ -15,7 +15,7 @@ MISSING = object()
 class RunReport:
     task_id: str | None
     # idle (nothing due) | skipped | succeeded | retrying | failed | cancelled | deferred |
-    # lease_lost | interrupted | error
+    # waiting | lease_lost | interrupted | error
     outcome: str = ""
     steps_run: list[str] = dataclasses.field(default_factory=list)
     compensations_run: list[str] = dataclasses.field(default_factory=list)
@@ -59,7 +59,34 @@ class Lost:
     signal: BaseException
 
 
-Next = Ended | Compensate | CancelNoticed | Lost
+@dataclasses.dataclass(frozen=True)
+class WaitReached:
+    """The forward phase reached a wait step (recorded as started): the wait
+    phase (waiting.py) decides — consume, park, or time out."""
+
+    index: int
+    step: Step
+    following: int | None  # the next step's index; None: the wait is the last step
+
+
+@dataclasses.dataclass(frozen=True)
+class Waited:
+    """The wait phase recorded the wait step's success (`output`; with the
+    task's when it was the last step): the forward phase goes on after it."""
+
+    output: object
+    last: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitFailed:
+    """The wait ended without what it waited for (SignalTimeout, a deadline
+    its payload cannot give): the forward phase fails the step like any other."""
+
+    exc: BaseException
+
+
+Next = Ended | Compensate | CancelNoticed | Lost | WaitReached
 
 
 def describe(exc: BaseException) -> tuple[str, str]:

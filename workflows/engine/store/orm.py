@@ -52,7 +52,15 @@ from workflows.engine.leases import Lease, Refused
 from workflows.engine.store.deliveries import DeliveryStore
 from workflows.engine.store.rows import StepRow
 from workflows.engine.store.schedules import ScheduleStore
-from workflows.models import StepCheckpoint, Task, TaskReplay, TaskTransition, WebhookDelivery
+from workflows.engine.store.signals import SignalStore
+from workflows.models import (
+    StepCheckpoint,
+    Task,
+    TaskReplay,
+    TaskSignal,
+    TaskTransition,
+    WebhookDelivery,
+)
 from workflows.models.webhook import delivery_message_id
 from workflows.rules.states import (
     COMPENSATION_STATES,
@@ -182,11 +190,12 @@ ON CONFLICT (task_id, "index") DO UPDATE SET{UPSERT_SET}WHERE {UPSERT_GUARD}
 
 class OrmStore:
     """The task aggregate's verbs; the other aggregates' are its attributes:
-    `deliveries` (webhook deliveries and endpoints), `schedules`."""
+    `deliveries` (webhook deliveries and endpoints), `schedules`, `signals`."""
 
     name = "orm"
     deliveries = DeliveryStore()
     schedules = ScheduleStore()
+    signals = SignalStore()
     fold_batch = 200  # replay-log groups per fold (fold_replays): one transaction each
 
     # --- time ----------------------------------------------------------------------------
@@ -399,6 +408,16 @@ class OrmStore:
             StepCheckpoint.objects.filter(task_id=lease.task_id, index=index).update(
                 progress=progress)
 
+    def consume_signal(self, lease: Lease, name: str, *, step: int,
+                       at: datetime) -> Any:
+        """Fence — holding the task's row, which a sender locks too — then
+        consume the oldest unconsumed signal `name` for wait step `step`
+        (SignalStore.consume_in_tx); None when none is stored. Meant for the
+        transaction that records the step (or parks the task)."""
+        with transaction.atomic():  # nested: a savepoint, a refusal undoes only this
+            self._fence(lease, renew=False, lease_length=None)
+            return self.signals.consume_in_tx(lease.task_id, name, step=step, at=at)
+
     @in_callers_transaction
     def upsert_steps_in_tx(self, task_id: Any, rows: list[StepRow]) -> None:
         """The upsert alone, for a caller that already holds the fence (or the
@@ -561,6 +580,7 @@ class OrmStore:
         StepCheckpoint.objects.filter(task_id__in=task_ids)._raw_delete(StepCheckpoint.objects.db)
         TaskTransition.objects.filter(task_id__in=task_ids)._raw_delete(TaskTransition.objects.db)
         TaskReplay.objects.filter(task_id__in=task_ids)._raw_delete(TaskReplay.objects.db)
+        TaskSignal.objects.filter(task_id__in=task_ids)._raw_delete(TaskSignal.objects.db)
         return Task.objects.filter(pk__in=task_ids)._raw_delete(Task.objects.db)
 
     @staticmethod
@@ -590,8 +610,16 @@ class OrmStore:
     # --- time, for an author's tests (workflows.testing) -----------------------------------
 
     def skip_backoff(self, task_id: Any) -> int:
-        """What waits out a backoff (a retry, a deferred compensation) is due at
-        the database's now. Not a transition (the token stays): time passing."""
+        """What waits out a backoff (a retry, a deferred compensation) or a
+        timer or timeout (a waiting task) is due at the database's now. Not a
+        transition (the token stays): time passing."""
+        waiting = Task.objects.filter(pk=task_id, state=TaskState.WAITING,
+                                      next_attempt_at__isnull=False).first()
+        if waiting is not None:
+            now = self.db_now()
+            return Task.objects.filter(pk=task_id, lease_token=waiting.lease_token).update(
+                next_attempt_at=now,
+                waiting_for={**(waiting.waiting_for or {}), "until": now.isoformat()})
         return (Task.objects.filter(pk=task_id, next_attempt_at__isnull=False,
                                     state__in=[TaskState.RETRYING, *COMPENSATION_STATES])
                 .update(next_attempt_at=Now()))

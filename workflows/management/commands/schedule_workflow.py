@@ -10,7 +10,7 @@ from workflows.engine import (
     schedule_set_enabled,
     schedules_sync_declared,
 )
-from workflows.management.commands.trigger_workflow import _payload
+from workflows.management.commands.trigger_workflow import read_payload
 from workflows.models import MissedPolicy
 from workflows.rules.errors import PilotError
 from workflows.selectors import schedule_find, schedules_all
@@ -122,7 +122,7 @@ examples:
             raise CommandError(f"--owner: {exc}") from None
         schedule, outcome = schedule_save(
             name=name, workflow=workflow or current.workflow, cron=cron or current.cron,
-            payload=_payload(payload) if payload is not None else
+            payload=read_payload(payload) if payload is not None else
             (current.payload if current else {}),
             owner=user, missed=missed or (current.missed if current else MissedPolicy.SKIP),
             enabled=enabled)

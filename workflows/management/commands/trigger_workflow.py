@@ -15,7 +15,7 @@ from workflows.selectors import task_wait_finished
 EXIT_REFUSED, EXIT_FAILED, EXIT_TIMEOUT = 1, 2, 3
 
 
-def _payload(text: str) -> dict:
+def read_payload(text: str) -> dict:
     """JSON, `@path` (a file), or `@-` (standard input)."""
     source = "--payload"
     if text.startswith("@"):
@@ -80,7 +80,7 @@ examples:
                **options):
         if timeout <= 0:
             raise CommandError("--timeout must be positive")
-        body = _payload(payload)
+        body = read_payload(payload)
         try:
             user = cli_owner_get(owner)
         except LookupError as exc:
