@@ -20,8 +20,8 @@ from workflows.api.serializers import (
     TaskSerializer,
 )
 from workflows.engine import MAX_BATCH
-from workflows.rules.keys import KEY_SCHEMA, MAX_KEY_LENGTH
 from workflows.registry import STEP_NAME_RE
+from workflows.rules.keys import KEY_SCHEMA, MAX_KEY_LENGTH
 from workflows.rules.states import TaskState
 
 # status -> the codes that status carries
