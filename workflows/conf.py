@@ -139,6 +139,8 @@ SETTINGS: tuple[Setting, ...] = (
       "how late a slot may fire and still count as on time", minimum=0),
     # The API.
     S("PILOT_MAX_PAYLOAD_BYTES", int, 262144, "trigger payload limit", minimum=2),
+    S("PILOT_MAX_RUN_AFTER_DAYS", int, 365, "how far ahead a trigger's run_after may be",
+      minimum=1),
     S("PILOT_TRIGGER_RATE", Rate, "6000/min", "per-client trigger throttle"),
     S("PILOT_ACTION_RATE", Rate, "600/min", "per-client cancel + retry throttle"),
     S("PILOT_API_DOCS_PUBLIC", bool, False, "serve the API schema and docs without a login"),

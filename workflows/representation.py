@@ -93,6 +93,7 @@ def _core(task, steps) -> dict:
         "error": task.error, "error_type": task.error_type, "attempts": task.attempts,
         "max_attempts": task.max_attempts, "replays": task.replays,
         "next_attempt_at": _when(task.next_attempt_at), "waiting_for": _waiting_for(task),
+        "run_after": _when(task.run_after), "priority": task.priority,
         "source": task.source,
         "trace_id": task.trace_id, "created_at": _when(task.created_at),
         "started_at": _when(task.started_at), "finished_at": _when(task.finished_at),

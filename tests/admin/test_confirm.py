@@ -23,7 +23,8 @@ BULK = {"cancel": "cancel_selected", "retry": "retry_selected",
         "retry_from_start": "retry_selected_from_start"}
 # Where each action takes a task from each state it is legal in (nothing to compensate).
 AFTER = {
-    "cancel": {S.PENDING: S.CANCELLED, S.RETRYING: S.CANCELLED, S.RUNNING: S.CANCELLING},
+    "cancel": {S.PENDING: S.CANCELLED, S.RETRYING: S.CANCELLED, S.WAITING: S.CANCELLED,
+               S.RUNNING: S.CANCELLING},
     "retry": {S.FAILED: S.PENDING, S.CANCELLED: S.PENDING},
     "retry_from_start": {S.FAILED: S.PENDING, S.CANCELLED: S.PENDING},
 }

@@ -31,7 +31,8 @@ def test_the_dashboard_shows_counts_chart_stuck_tasks_and_failures(operator_clie
     assert response.status_code == 200
     html = response.content.decode()
     counts = dict(re.findall(r'data-state="(\w+)".*?pilot-card-n">(\d+)<', html, re.S))
-    assert counts == {"pending": "1", "running": "1", "retrying": "0", "cancelling": "0",
+    assert counts == {"pending": "1", "running": "1", "retrying": "0", "waiting": "0",
+                      "cancelling": "0",
                       "compensating": "0", "succeeded": "3", "failed": "1", "cancelled": "0"}
     totals = dict(re.findall(r'data-total="(\w+)">(\d+)<', html))
     assert totals == {"triggers": "6", "replays": "1", "successes": "3", "failures": "1",
@@ -59,8 +60,9 @@ def test_the_dashboard_costs_a_fixed_number_of_queries(operator_client, owner):
     # session, user, 2 × permissions, 4 × counts and activity, the cluster status
     # (1 or 2 reads of the database cache: the list of clusters, then their
     # records), the queue, running tasks, waiting tasks, past lease, oldest
-    # pending, top failing and their errors — and nothing per task.
-    assert len(many) == len(few) <= 17, [q["sql"][:100] for q in many.captured_queries]
+    # pending, waiting for a person, top failing and their errors — and nothing
+    # per task.
+    assert len(many) == len(few) <= 18, [q["sql"][:100] for q in many.captured_queries]
 
 
 def test_the_dashboard_needs_view_all_tasks(django_user_model):

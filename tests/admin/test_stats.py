@@ -38,7 +38,7 @@ def test_counts_by_state_include_every_state(owner):
     for state in (S.PENDING, S.PENDING, S.FAILED):
         make_task(owner, state=state)
     counts = task_counts_by_state()
-    assert counts == {"pending": 2, "running": 0, "retrying": 0, "cancelling": 0,
+    assert counts == {"pending": 2, "running": 0, "retrying": 0, "waiting": 0, "cancelling": 0,
                       "compensating": 0, "succeeded": 0, "failed": 1, "cancelled": 0}
 
 

@@ -27,6 +27,7 @@ BUTTONS = {
     S.PENDING: ["cancel"],
     S.RUNNING: ["cancel"],
     S.RETRYING: ["cancel"],
+    S.WAITING: ["cancel"],
     S.CANCELLING: [],
     S.COMPENSATING: [],  # already undoing its work: neither cancellable nor retryable
     S.SUCCEEDED: [],

@@ -40,6 +40,9 @@ def test_the_diagram_draws_exactly_the_models_transitions(operator_client):
         (S.RETRYING, S.CANCELLING), (S.RUNNING, S.CANCELLING), (S.PENDING, S.CANCELLED),
         (S.RETRYING, S.CANCELLED), (S.CANCELLING, S.CANCELLED), (S.FAILED, S.PENDING),
         (S.CANCELLED, S.PENDING), (S.RUNNING, S.COMPENSATING), (S.COMPENSATING, S.FAILED),
+        # a wait step parks; a signal or a due timer wakes; a waiting task is cancellable
+        (S.RUNNING, S.WAITING), (S.WAITING, S.PENDING), (S.WAITING, S.CANCELLED),
+        (S.WAITING, S.CANCELLING),
         # resume and defer keep the state (the token moves on): drawn as loops
         (S.COMPENSATING, S.COMPENSATING), (S.CANCELLING, S.CANCELLING),
     }

@@ -238,3 +238,70 @@ def test_run_workflow_takes_no_time_for_timers_and_delivers_signals_early():
     assert approved.result == {"approved": True, "by": "x"}
     timed_out = run_workflow("demo.approval")
     assert timed_out.state == S.FAILED and timed_out.error_type == "SignalTimeout"
+
+
+# --- delayed start and priority -----------------------------------------------------------
+
+def test_a_delayed_start_is_not_claimed_before_its_time_and_is_sent_once_due(owner):
+    from datetime import timedelta
+
+    from workflows.engine.store import store
+
+    later = store().db_now() + timedelta(seconds=120)
+    task = task_trigger(owner=owner, key="later", workflow="demo.echo", payload={},
+                        run_after=later.isoformat()).task
+    task.refresh_from_db()
+    assert task.state == S.PENDING and task.next_attempt_at == later == task.run_after
+    assert pop_queued() == []  # no message before it is due
+    from workflows.engine.run import task_run
+
+    assert task_run(task_id=task.pk).outcome == "skipped"  # a stray message claims nothing
+    assert dispatch_once().owed_enqueued == 0
+    rewind(task.pk, 121)
+    assert dispatch_once().owed_enqueued == 1  # due: the dispatcher sends its message
+    run_queued()
+    task.refresh_from_db()
+    assert task.state == S.SUCCEEDED
+
+
+def test_a_run_after_in_the_past_runs_now_and_a_replay_returns_the_task_as_it_is(owner):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    first = task_trigger(owner=owner, key="past", workflow="demo.echo", payload={},
+                         run_after="2001-01-01T00:00:00+00:00")
+    assert first.outcome == "created" and pop_queued() == [str(first.task.pk)]
+    again = task_trigger(owner=owner, key="past", workflow="demo.echo", payload={},
+                         run_after=(timezone.now() + timedelta(days=1)).isoformat(), priority=5)
+    assert again.outcome == "replayed" and again.task.pk == first.task.pk
+    again.task.refresh_from_db()
+    assert again.task.priority == 0
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("run_after", "2026-12-24T18:00:00"),        # no offset
+    ("run_after", "tomorrow"),
+    ("run_after", "9999-01-01T00:00:00+00:00"),  # beyond PILOT_MAX_RUN_AFTER_DAYS
+    ("priority", 101), ("priority", -101), ("priority", True), ("priority", 1.5),
+])
+def test_bad_run_after_and_priority_are_refused_and_create_nothing(owner, field, value):
+    with pytest.raises(ValidationFailed) as refused:
+        task_trigger(owner=owner, key="bad", workflow="demo.echo", payload={},
+                     **{field: value})
+    assert field in refused.value.errors
+    assert not Task.objects.exists()
+
+
+def test_among_due_tasks_the_highest_priority_is_claimed_first_then_the_oldest(owner):
+    from workflows.engine.leases import lease_length
+    from workflows.engine.store import store
+
+    made = {}
+    for key, priority in [("low-old", -5), ("mid-old", 0), ("high", 50), ("mid-new", 0)]:
+        made[key] = task_trigger(owner=owner, key=key, workflow="demo.echo", payload={},
+                                 priority=priority).task.pk
+    order = []
+    while (claimed := store().claim_next(worker="w", lease=lease_length())) is not None:
+        order.append(claimed.task.idempotency_key)
+    assert order == ["high", "mid-old", "mid-new", "low-old"]

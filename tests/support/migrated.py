@@ -16,7 +16,7 @@ from django.db.migrations.operations import RunPython
 
 # The migrations that build the "operators" group and grant it its permissions.
 OPERATORS_MIGRATIONS = ("0003_operators_group", "0006_operators_trigger", "0009_pilot_schedule",
-                        "0013_webhooks_and_trace_context")
+                        "0013_webhooks_and_trace_context", "0021_waiting")
 
 
 def rebuild(*names: str, app: str = "workflows") -> None:

@@ -56,3 +56,21 @@ class OwnerFilter(admin.SimpleListFilter):
         if not (value.isascii() and value.isdigit() and len(value) <= 18):
             return queryset.none()
         return queryset.filter(owner_id=int(value))
+
+
+class WaitingForFilter(admin.SimpleListFilter):
+    """Waiting tasks by what they wait for: a signal (a person's approval, a
+    partner's answer) or a timer (docs/waiting.md)."""
+
+    title = "waiting for"
+    parameter_name = "waiting_for"
+    CHOICES = (("signal", "a signal (a person)"), ("timer", "a timer"))
+
+    def lookups(self, request, model_admin):
+        return self.CHOICES
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value not in dict(self.CHOICES):
+            return queryset
+        return queryset.filter(state="waiting", waiting_for__kind=value)

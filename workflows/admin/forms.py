@@ -164,6 +164,32 @@ def _flatten(problems, *, prefix: str) -> list[str]:
     return [f"{prefix}{problems}"]
 
 
+class SignalForm(forms.Form):
+    """A signal to a waiting task: its name, a JSON object payload, and the
+    signal's idempotency key — fresh when the form is first shown and carried
+    through the confirmation, so a double submit sends one signal."""
+
+    name = forms.CharField(max_length=100, strip=False,
+                           help_text="The signal the task's wait step waits for.")
+    payload = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 60, "class": "pilot-code",
+                                     "spellcheck": "false"}),
+        initial="{}", strip=False, help_text="A JSON object: the wait step's output.")
+    key = forms.CharField(widget=forms.HiddenInput, initial=_fresh_key, strip=False)
+
+    def clean_payload(self):
+        payload = parse_payload(self.cleaned_data["payload"])
+        if not isinstance(payload, dict):
+            raise forms.ValidationError("The payload must be a JSON object.")
+        return payload
+
+    def add_engine_error(self, error: PilotError) -> None:
+        field = {ValidationFailed: "name", PayloadTooLarge: "payload"}.get(type(error))
+        if isinstance(error, ValidationFailed) and error.errors and "name" not in error.errors:
+            field = "payload"
+        self.add_error(field, forms.ValidationError(f"{error.detail} ({error.code})"))
+
+
 class ReasonForm(forms.Form):
     """The confirmation of an operator action: why (kept in the audit trail)."""
 

@@ -80,6 +80,7 @@ CHECKS = {
     "state__exact": _state,
     "workflow": _workflow,
     "owner": _int_in(1, 2**63 - 1),
+    "waiting_for": lambda v: "" if v in ("signal", "timer") else "is not signal or timer",
     "created_at__gte": moment_problem,
     "created_at__lt": moment_problem,
     # 9998: Django's date hierarchy adds a year (or 32 days) to find the range's end.

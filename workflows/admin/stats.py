@@ -76,6 +76,15 @@ def tasks_oldest_pending(*, limit: int = 10) -> list[Task]:
                 .defer("payload", "result", "error").order_by("created_at")[:limit])
 
 
+def tasks_waiting_for_a_person(*, limit: int = 10) -> list[Task]:
+    """Tasks parked on a signal — an approval, a partner's answer — longest
+    waiting first (a park is the last change of a waiting task: updated_at).
+    Index: task_state_created_idx narrows to the waiting ones."""
+    return list(Task.objects.filter(state=TaskState.WAITING, waiting_for__kind="signal")
+                .select_related("owner").defer("payload", "result", "error")
+                .order_by("updated_at")[:limit])
+
+
 def workflows_top_failing(now: datetime, *, since: timedelta = timedelta(hours=24),
                           limit: int = 10) -> list[dict]:
     """Workflows with the most tasks that ended `failed` in the window, with the

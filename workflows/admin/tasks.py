@@ -37,12 +37,13 @@ from workflows.admin import (
     dashboard,
     deliveries,
     live,
+    signals,
     trigger,
     workflows_page,
 )
 from workflows.admin.actions import CANCEL, RETRY, RETRY_FROM_START, actions_available
 from workflows.admin.clock import DB_NOW, console_now
-from workflows.admin.filters import OwnerFilter, WorkflowFilter
+from workflows.admin.filters import OwnerFilter, WaitingForFilter, WorkflowFilter
 from workflows.admin.list_params import list_params_check, problems_text
 from workflows.admin.task_page import task_page
 from workflows.admin.text import (
@@ -86,7 +87,8 @@ class TaskAdmin(admin.ModelAdmin):
     list_display = ["short_id", "state_badge", "workflow_link", "key_short", "owner",
                     "attempts_of_max", "replays", "age", "duration", "step_or_error"]
     list_display_links = ["short_id"]
-    list_filter = ["state", WorkflowFilter, OwnerFilter, ("created_at", admin.DateFieldListFilter)]
+    list_filter = ["state", WaitingForFilter, WorkflowFilter, OwnerFilter,
+                   ("created_at", admin.DateFieldListFilter)]
     # The search itself is get_search_results; this only turns the search box on.
     search_fields = ["idempotency_key"]
     search_help_text = "A task id (or its first 8+ characters) or the start of an idempotency key."
@@ -260,6 +262,7 @@ class TaskAdmin(admin.ModelAdmin):
             context["badge"] = state_badge(task.state)
             context["operator_actions"] = actions_available(task, request.user)
             context["can_resend"] = deliveries.can_resend(request.user)
+            context["can_signal"] = signals.can_signal(request.user)
             context["title"] = f"Task {task.pk}"
             context["live_url"] = reverse("admin:workflows_task_live") + "?" + urlencode(
                 {"view": "task", "id": str(task.pk)})
@@ -296,6 +299,8 @@ class TaskAdmin(admin.ModelAdmin):
                  name="workflows_task_bulk_done"),
             path("<path:object_id>/transition/<str:action_name>/",
                  view(confirm.transition_view), name="workflows_task_transition"),
+            path("<path:object_id>/signal/", view(signals.signal_view),
+                 name="workflows_task_signal"),
             path("<path:object_id>/webhook/<int:delivery_id>/resend/",
                  view(deliveries.resend_view), name="workflows_task_resend"),
             *super().get_urls(),

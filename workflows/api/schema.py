@@ -14,6 +14,8 @@ from rest_framework import serializers
 
 from workflows.api.serializers import (
     CALLBACK_URL_HELP,
+    PRIORITY_HELP,
+    RUN_AFTER_HELP,
     BatchResponseSerializer,
     KeyField,
     ProblemSerializer,
@@ -169,6 +171,10 @@ def trigger_shapes() -> dict:
                     "The idempotency key, if not in the Idempotency-Key header.")),
                 "callback_url": serializers.URLField(required=False, max_length=2000,
                                                      help_text=CALLBACK_URL_HELP),
+                "run_after": serializers.DateTimeField(required=False,
+                                                       help_text=RUN_AFTER_HELP),
+                "priority": serializers.IntegerField(required=False, min_value=-100,
+                                                     max_value=100, help_text=PRIORITY_HELP),
             })
         _trigger_shapes.clear()
         _trigger_shapes[names] = shapes

@@ -16,6 +16,7 @@ from rest_framework import serializers
 from workflows.engine import MAX_BATCH
 from workflows.models import DeliveryState, StepCheckpoint, Task
 from workflows.representation import delivery_data, signal_data, task_data, task_deliveries
+from workflows.rules.fields import JSONInteger
 from workflows.rules.keys import KEY_SCHEMA
 from workflows.rules.states import TaskState
 
@@ -194,7 +195,8 @@ class TaskSerializer(serializers.ModelSerializer):
         model = Task
         fields = ["id", "idempotency_key", "workflow", "state", "payload", "result", "error",
                   "error_type", "attempts", "max_attempts", "replays", "next_attempt_at",
-                  "waiting_for", "source", "trace_id", "created_at", "started_at",
+                  "waiting_for", "run_after", "priority", "source", "trace_id",
+                  "created_at", "started_at",
                   "finished_at", "expires_at", "steps", "callback_url", "deliveries",
                   "signals"]
         read_only_fields = fields
@@ -262,6 +264,13 @@ CALLBACK_URL_HELP = (
     "See docs/webhooks.md.")
 
 
+RUN_AFTER_HELP = ("Not before this time: an ISO 8601 date-time with an offset, at most "
+                  "PILOT_MAX_RUN_AFTER_DAYS (365) days ahead; in the past means now. The "
+                  "task is pending and claimed no earlier (the database's clock).")
+PRIORITY_HELP = ("-100 to 100 (default 0): among due tasks a worker claims the highest "
+                 "priority first, then the oldest due. Caps still apply.")
+
+
 class TriggerSerializer(StrictSerializer):
     workflow = StringField(max_length=200, help_text="A registered workflow name.")
     payload = PayloadField(required=False, default=dict,
@@ -269,6 +278,9 @@ class TriggerSerializer(StrictSerializer):
     callback_url = StringField(required=False, max_length=2000, help_text=CALLBACK_URL_HELP)
     task_id = KeyField(required=False, help_text=(
         "The idempotency key, if not sent in the Idempotency-Key header."))
+    run_after = StringField(required=False, max_length=64, help_text=RUN_AFTER_HELP)
+    priority = JSONInteger(required=False, min_value=-100, max_value=100,
+                           help_text=PRIORITY_HELP)
 
 
 class BatchItemSerializer(StrictSerializer):
@@ -276,6 +288,9 @@ class BatchItemSerializer(StrictSerializer):
     workflow = StringField(max_length=200)
     payload = PayloadField(required=False, default=dict)
     callback_url = StringField(required=False, max_length=2000)
+    run_after = StringField(required=False, max_length=64, help_text=RUN_AFTER_HELP)
+    priority = JSONInteger(required=False, min_value=-100, max_value=100,
+                           help_text=PRIORITY_HELP)
 
 
 class BatchSerializer(StrictSerializer):

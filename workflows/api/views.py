@@ -147,6 +147,7 @@ class TaskCollectionView(PilotAPIView):
         outcome = task_trigger(owner=request.user, key=_key_from(request, data.get("task_id")),
                                workflow=data["workflow"], payload=data["payload"],
                                callback_url=data.get("callback_url"), source=Source.API,
+                               run_after=data.get("run_after"), priority=data.get("priority"),
                                **_trace(request))
         return _trigger_response(outcome)
 
@@ -172,7 +173,9 @@ class TaskBatchView(PilotAPIView):
                 continue
             requests.append((index, TriggerRequest(data["workflow"], data["payload"],
                                                    data.get("idempotency_key"),
-                                                   data.get("callback_url"))))
+                                                   data.get("callback_url"),
+                                                   data.get("run_after"),
+                                                   data.get("priority"))))
         if requests:
             outcomes = task_trigger_many(owner=request.user, requests=[r for _, r in requests],
                                          source=Source.BATCH, **_trace(request))

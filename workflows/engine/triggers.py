@@ -41,11 +41,12 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import OperationalError, transaction
 from django.db.models import Max, Sum
+from django.utils import timezone
 
 from workflows.conf import pilot_settings
 from workflows.engine.audit import actor_for
@@ -93,6 +94,8 @@ class TriggerRequest:
     payload: object
     key: object = None
     callback_url: object = None
+    run_after: object = None  # an aware datetime or ISO 8601 text with an offset
+    priority: object = None   # an integer -100..100 (None: 0)
 
 
 @dataclasses.dataclass
@@ -117,11 +120,14 @@ class _Prepared:
     payload: dict[str, Any]
     fingerprint: str
     callback_url: str = ""  # "" = the owner's default endpoint, if any
+    run_after: datetime | None = None  # not before (the database's clock)
+    priority: int = 0
 
 
 def task_trigger(*, owner: Any, workflow: Any, payload: Any, key: Any = None,
                  source: str = Source.API, trace_id: str = "", traceparent: str = "",
-                 callback_url: Any = None) -> TriggerOutcome:
+                 callback_url: Any = None, run_after: Any = None,
+                 priority: Any = None) -> TriggerOutcome:
     """Trigger one workflow run idempotently; see the module docstring.
 
     Raises a PilotError subclass for every refusal (invalid key, unknown
@@ -130,7 +136,8 @@ def task_trigger(*, owner: Any, workflow: Any, payload: Any, key: Any = None,
     identical call replays; it never creates a second task or a second enqueue.
     """
     [result] = task_trigger_many(owner=owner, requests=[TriggerRequest(workflow, payload, key,
-                                                                       callback_url)],
+                                                                       callback_url, run_after,
+                                                                       priority)],
                                  source=source, trace_id=trace_id, traceparent=traceparent)
     if isinstance(result, PilotError):
         raise result
@@ -285,7 +292,42 @@ def _prepare(index: int, request: TriggerRequest, targets: dict[str, Any]) -> _P
         if isinstance(targets[url], PilotError):
             raise targets[url]
         callback_url = targets[url]
-    return _Prepared(index, key, workflow, payload, fp, callback_url)  # type: ignore[arg-type]  # validated
+    return _Prepared(index, key, workflow, payload, fp, callback_url,  # type: ignore[arg-type]  # validated
+                     run_after_validate(request.run_after), priority_validate(request.priority))
+
+
+def run_after_validate(value: Any) -> datetime | None:
+    """A trigger's `run_after`: None, or an aware datetime (ISO 8601 text with
+    an offset) at most PILOT_MAX_RUN_AFTER_DAYS ahead. A time in the past means
+    now (the database's, at the insert)."""
+    if value is None:
+        return None
+    when = value
+    if isinstance(value, str):
+        try:
+            when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            when = None
+    if not isinstance(when, datetime) or when.tzinfo is None:
+        raise ValidationFailed("run_after must be an ISO 8601 time with an offset",
+                               errors={"run_after": ["An ISO 8601 date-time with an offset, "
+                                                     "e.g. 2026-12-24T18:00:00+01:00."]})
+    days = pilot_settings.PILOT_MAX_RUN_AFTER_DAYS
+    if when - timezone.now() > timedelta(days=days):
+        raise ValidationFailed(f"run_after is more than {days} days ahead",
+                               errors={"run_after": [f"At most {days} days ahead "
+                                                     "(PILOT_MAX_RUN_AFTER_DAYS)."]})
+    return when
+
+
+def priority_validate(value: Any) -> int:
+    """A trigger's `priority`: an integer from -100 to 100 (None: 0)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not -100 <= value <= 100:
+        raise ValidationFailed("priority must be an integer from -100 to 100",
+                               errors={"priority": ["An integer from -100 to 100."]})
+    return value
 
 
 def _refuse_unsigned(owner: Any, prepared: list[_Prepared],
@@ -312,6 +354,8 @@ def _shortcut(owner: Any, item: _Prepared, source: str, trace_id: str,
     general path must decide (or the store has none). With the ORM broker the
     insert and its queue row share a transaction (the outbox); with Redis the
     statement commits alone and the push follows."""
+    if item.run_after is not None:
+        return None  # a delayed start is decided against the database's now
     task = _new_task(owner, item, source, trace_id, traceparent, now=None)
     with transaction.atomic() if uses_orm_broker() else contextlib.nullcontext():
         decided = store().create_or_replay(task)
@@ -352,7 +396,11 @@ def _decide_all(owner: Any, prepared: list[_Prepared], source: str, trace_id: st
                 restarted.append(task)
             outcomes[item.index] = TriggerOutcome(kind, task)
         _record_replays(replay_counts, rows, now)
-        enqueue_on_commit([*created_ids, *(t.pk for t in restarted)])
+        # A delayed start gets its message from the dispatcher once due (it is
+        # owed one: enqueued_at NULL).
+        due_now = [t.pk for t in rows.values()
+                   if t.pk in created_ids and t.enqueued_at is not None]
+        enqueue_on_commit([*due_now, *(t.pk for t in restarted)])
     _report(outcomes)
     return outcomes
 
@@ -409,8 +457,18 @@ def _new_task(owner: Any, item: _Prepared, source: str, trace_id: str, tracepare
         max_attempts=item.workflow.max_attempts, source=source, trace_id=trace_id[:64],
         traceparent=traceparent, callback_url=item.callback_url,
         idempotency_ttl=item.workflow.idempotency_ttl,
-        created_at=now, updated_at=now, enqueued_at=now, next_attempt_at=now,
+        created_at=now, updated_at=now, priority=item.priority, run_after=item.run_after,
+        **_start(item.run_after, now),
     )
+
+
+def _start(run_after: datetime | None, now: datetime | None) -> dict[str, Any]:
+    """When a new task is due and whether its message goes now: at `now`, or —
+    started later — at `run_after`, owed a message the dispatcher sends then."""
+    if run_after is not None and now is not None and run_after > now:
+        return {"next_attempt_at": run_after, "enqueued_at": None}
+    return {"next_attempt_at": now, "enqueued_at": now}
+
 
 
 def _default_endpoint(owner: Any) -> str:

@@ -104,6 +104,12 @@ class Task(ConcurrentTransitionMixin, models.Model):
     # by `wake` (the woken wait step reads its deadline back), cleared by `retry`.
     # While waiting, `next_attempt_at` is when the wait ends by itself (NULL: never).
     waiting_for = models.JSONField(null=True, blank=True)
+    # Among due tasks a worker claims the highest first, then the oldest due
+    # (-100..100, Django's task framework's range; docs/waiting.md).
+    priority = models.SmallIntegerField(default=0, db_default=0)
+    # Not claimed before this (a delayed start, as triggered; its first
+    # next_attempt_at is the later of this and the trigger's time).
+    run_after = models.DateTimeField(null=True, blank=True)
     lease_token = models.PositiveBigIntegerField(default=0)
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
@@ -160,6 +166,10 @@ class Task(ConcurrentTransitionMixin, models.Model):
             models.Index(fields=["next_attempt_at"], name="task_due_idx",
                          condition=Q(state__in=[S.PENDING, S.RETRYING,
                                                 *COMPENSATION_STATES])),
+            # The queue in claim order: the highest priority first, then the oldest due.
+            models.Index(models.F("priority").desc(), "next_attempt_at",
+                         name="pilot_task_claim_idx",
+                         condition=Q(state__in=[S.PENDING, S.RETRYING])),
             # Dispatcher: waits whose timer or timeout is due (state = waiting AND
             # next_attempt_at <= now).
             models.Index(fields=["next_attempt_at"], name="pilot_task_wake_idx",
@@ -232,15 +242,14 @@ class Task(ConcurrentTransitionMixin, models.Model):
         return self.is_finished and self.expires_at is not None and self.expires_at <= now
 
     def is_due(self, now: datetime) -> bool:
-        """Claimable for its steps at `now` (a database time): pending, or
-        retrying with its backoff elapsed, with an attempt left. (A pending
-        task's `next_attempt_at` is when it was triggered: due at once.)"""
+        """Claimable for its steps at `now` (a database time): pending or
+        retrying, due (a pending task's `next_attempt_at` is when it was
+        triggered — or its `run_after` —, a retry's when its backoff ends), with
+        an attempt left."""
         if self.attempts >= self.max_attempts:
             return False
-        if self.state == S.PENDING:
-            return True
-        return self.state == S.RETRYING and (self.next_attempt_at is None
-                                             or self.next_attempt_at <= now)
+        return self.state in (S.PENDING, S.RETRYING) and (self.next_attempt_at is None
+                                                          or self.next_attempt_at <= now)
 
     def is_resumable(self, now: datetime) -> bool:
         """Claimable for its compensations at `now`: compensating or cancelling,

@@ -29,6 +29,7 @@ POSITIONS: dict[str, tuple[int, int]] = {
     S.CANCELLING: (580, 330),
     S.CANCELLED: (100, 330),
     S.COMPENSATING: (330, 450),
+    S.WAITING: (330, 60),
 }
 
 # How far each edge's curve bows (px, to the left of its direction as drawn on
@@ -41,6 +42,8 @@ BENDS: dict[tuple[str, str], int] = {
     (S.CANCELLED, S.PENDING): -30,
     (S.CANCELLING, S.CANCELLED): 90,
     (S.FAILED, S.PENDING): -200,
+    (S.WAITING, S.CANCELLED): 60,
+    (S.WAITING, S.CANCELLING): -60,
 }
 
 # Where along its curve (0..1) an edge's label sits, when the middle is crowded.

@@ -21,6 +21,7 @@ STATE_COLORS: dict[str, str] = {
     TaskState.PENDING: "#6b7280",
     TaskState.RUNNING: "#2563eb",
     TaskState.RETRYING: "#d97706",
+    TaskState.WAITING: "#0891b2",
     TaskState.CANCELLING: "#9333ea",
     TaskState.COMPENSATING: "#c026d3",
     TaskState.SUCCEEDED: "#16a34a",

@@ -280,8 +280,8 @@ class OrmStore:
 
     def claim_next(self, *, worker: str, lease: timedelta) -> Claimed | None:
         """The queue: claim the next due task (pending, or retrying and due, with
-        an attempt left) in due order, skipping tasks other claims hold; None when
-        nothing is due."""
+        an attempt left), the highest priority first, then in due order,
+        skipping tasks other claims hold; None when nothing is due."""
         from django.db.models import F
 
         limits = caps()
@@ -291,7 +291,7 @@ class OrmStore:
                                        attempts__lt=F("max_attempts")))
             due = due.exclude(blocked_q(Slots.now(limits)))
             task = (due.select_for_update(skip_locked=True).annotate(pilot_db_now=Now())
-                    .order_by("next_attempt_at").first())
+                    .order_by("-priority", "next_attempt_at").first())
             if task is None or not self._slot_free(task.owner_id, task.workflow, limits):
                 return None
             now, enqueued_at = _aware(task.pilot_db_now), task.enqueued_at

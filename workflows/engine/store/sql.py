@@ -162,7 +162,7 @@ def next_due(*, after: str = "") -> str:
     SELECT id, state, enqueued_at, owner_id, workflow FROM workflows_task AS c
      WHERE {after}{DUE}
        {UNBLOCKED}
-     ORDER BY next_attempt_at
+     ORDER BY priority DESC, next_attempt_at
      LIMIT 1
        FOR UPDATE SKIP LOCKED
 )"""
@@ -256,16 +256,15 @@ STATEMENTS: dict[str, str] = {
     # the caps decide. No row back: nothing claimed.
     "claim": f"""WITH prior AS (
     SELECT id, state, enqueued_at, owner_id, workflow FROM workflows_task
-     WHERE id = %(task_id)s AND attempts < max_attempts
-       AND (state = 'pending'
-            OR (state = 'retrying'
-                AND (next_attempt_at IS NULL OR next_attempt_at <= statement_timestamp())))
+     WHERE id = %(task_id)s AND attempts < max_attempts AND state IN ('pending', 'retrying')
+       AND (next_attempt_at IS NULL OR next_attempt_at <= statement_timestamp())
        FOR UPDATE
 ), {slot_decided(False)}, {claimed("prior, slot", "slot.free")}, {claim_audit("%(actor)s")}
 SELECT * FROM claimed""",
 
-    # The queue: the next due task in due order (next_attempt_at: a pending
-    # task's is its trigger time), claimed like `claim` after the exact check.
+    # The queue: the next due task, the highest priority first, then in due
+    # order (next_attempt_at: a pending task's is its trigger time or its
+    # run_after), claimed like `claim` after the exact check.
     "claim_next": f"""WITH {next_due()}, {claimed("prior", SLOT_FREE)}, {claim_audit("%(actor)s")}
 SELECT * FROM claimed""",
 
@@ -358,15 +357,15 @@ SELECT EXISTS (SELECT FROM fence) AS fenced""",
     INSERT INTO workflows_task
            (id, owner_id, idempotency_key, workflow, payload, fingerprint, state, error,
             error_type, attempts, max_attempts, lease_token, lease_owner, source,
-            trace_id, traceparent, callback_url, restarts, idempotency_ttl, created_at,
-            updated_at, enqueued_at, next_attempt_at)
+            trace_id, traceparent, callback_url, restarts, idempotency_ttl, priority,
+            created_at, updated_at, enqueued_at, next_attempt_at)
     VALUES (%(id)s, %(owner_id)s, %(key)s, %(workflow)s, %(payload)s::jsonb, %(fingerprint)s,
             'pending', '', '', 0, %(max_attempts)s, 0, '', %(source)s, %(trace_id)s,
             %(traceparent)s,
             COALESCE(NULLIF(%(callback_url)s, ''),
                      (SELECT url FROM workflows_clientwebhook WHERE owner_id = %(owner_id)s),
                      ''),
-            0, %(idempotency_ttl)s, statement_timestamp(), statement_timestamp(),
+            0, %(idempotency_ttl)s, %(priority)s, statement_timestamp(), statement_timestamp(),
             statement_timestamp(), statement_timestamp())
     ON CONFLICT (owner_id, idempotency_key) DO NOTHING
     RETURNING created_at, callback_url
