@@ -139,3 +139,40 @@ def test_a_wrong_token_or_a_missing_permission_is_typed_too(live_pilot, django_u
         with pytest.raises(pilot_client.PermissionDenied):
             limited.trigger("demo.echo", {})
         assert list(limited.list()) == []
+
+
+def test_an_approval_waits_without_a_worker_takes_a_signal_and_finishes(pilot):
+    run = pilot.trigger("demo.approval", {"timeout_seconds": 600}, priority=10)
+    assert run.task.priority == 10
+
+    def parked():
+        task = pilot.get(run.task_id)
+        return task if task.state == "waiting" else None
+
+    deadline = time.monotonic() + 60
+    while (task := parked()) is None:
+        assert time.monotonic() < deadline, "the approval never parked"
+        time.sleep(0.2)
+    assert task.waiting_for["kind"] == "signal" and task.waiting_for["name"] == "decision"
+    sent = pilot.signal(run.task_id, "decision", {"approved": True, "by": "client"})
+    assert (sent.status, sent.replayed, sent.signal.name) == (202, False, "decision")
+    again = pilot.signal(run.task_id, "decision", {"approved": True, "by": "client"},
+                         key=sent.key)
+    assert (again.status, again.replayed) == (200, True)
+    done = pilot.wait(run.task_id, timeout=60)
+    assert done.result == {"approved": True, "by": "client"}
+    assert [s.consumed_at is not None for s in done.signals] == [True]
+    with pytest.raises(pilot_client.TaskFinished):
+        pilot.signal(run.task_id, "decision", {"approved": False})
+
+
+def test_a_delayed_start_shows_its_run_after_and_waits_for_it(pilot):
+    from datetime import UTC, datetime, timedelta
+
+    later = datetime.now(UTC) + timedelta(hours=1)
+    run = pilot.trigger("demo.echo", {"n": 2}, run_after=later)
+    assert run.task.state == "pending" and run.task.run_after is not None
+    assert abs((run.task.run_after - later).total_seconds()) < 1
+    time.sleep(1)
+    assert pilot.get(run.task_id).state == "pending"  # not claimed before its time
+    pilot.cancel(run.task_id)

@@ -55,6 +55,8 @@ LEGAL_EDGES = {
     ("cancel", S.RUNNING, S.CANCELLING),
     ("finish_cancel", S.CANCELLING, S.CANCELLED),
     ("retry", S.FAILED, S.PENDING), ("retry", S.CANCELLED, S.PENDING),
+    ("park", S.RUNNING, S.WAITING), ("wake", S.WAITING, S.PENDING),
+    ("cancel", S.WAITING, S.CANCELLED), ("cancel", S.WAITING, S.CANCELLING),
 }
 
 
@@ -109,6 +111,9 @@ def _violations(observed, require_terminal, tasks, lease_grace) -> list[str]:
                                                                                    flat=True)
     found += [f"task {pk} is running on a lease that expired more than {grace:g} s ago"
               for pk in overdue]
+    leased = (tasks.filter(state=S.WAITING).exclude(lease_owner="", lease_expires_at=None)
+              .values_list("pk", flat=True))
+    found += [f"task {pk} is waiting but holds a lease" for pk in leased]
 
     current = {pk: (state, attempts, restarts) for pk, state, attempts, restarts in
                tasks.values_list("pk", "state", "attempts", "restarts")}

@@ -64,12 +64,15 @@ from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.operations import task_cancel, task_retry
 from workflows.engine.run import Run
 from workflows.engine.run.outcomes import MISSING
+from workflows.engine.signals import task_signal
+from workflows.engine.store import store
 from workflows.engine.triggers import task_trigger
 from workflows.models import (
     DemoLedger,
     StepCheckpoint,
     Task,
     TaskReplay,
+    TaskSignal,
     TaskTransition,
     WebhookDelivery,
 )
@@ -80,6 +83,7 @@ from workflows.rules.errors import (
     NonRetryableError,
     RetryableError,
     TaskCancelled,
+    TaskFinished,
 )
 from workflows.rules.states import FINISHED_STATES, TO_COMPENSATE, StepState
 from workflows.rules.states import TaskState as S
@@ -144,6 +148,7 @@ if registry.find(WORKFLOW) is None:
     _wf = registry.define(WORKFLOW, max_attempts=3, backoff_initial=3600, backoff_max=3600)
     _wf.add_step("a", _a, atomic=True, compensation=_undo_a)
     _wf.add_step("b", _b, compensation=_undo_b)
+    _wf.wait_for_signal("go", timeout=3600)  # parks: a signal or its timeout wakes it
     _wf.add_step("c", _c)
 
 
@@ -238,7 +243,8 @@ def _snapshot():
             task.pop(name)
     steps = sorted(StepCheckpoint.objects.values_list("index", "state", "attempts",
                                                       "compensation_attempts", "progress"))
-    return task, steps, DemoLedger.objects.count(), WebhookDelivery.objects.count()
+    signals = sorted(TaskSignal.objects.values_list("id", "consumed_at", "consumed_step"))
+    return task, steps, DemoLedger.objects.count(), WebhookDelivery.objects.count(), signals
 
 
 class EngineMachine(RuleBasedStateMachine):
@@ -251,7 +257,7 @@ class EngineMachine(RuleBasedStateMachine):
         # the cascades: a dozen statements more per example).
         with connection.cursor() as cursor:
             for model in (DemoLedger, TaskTransition, StepCheckpoint, TaskReplay,
-                          WebhookDelivery, Task):
+                          TaskSignal, WebhookDelivery, Task):
                 cursor.execute(f"DELETE FROM {model._meta.db_table}")
         self.owner = OWNER[0]
         MODE.update(c=step, undo_b=compensation)
@@ -264,6 +270,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.baseline = Counter()    # plain compensation effects before the last retry
         self.at: dict[int, str] = {}  # the point each paused worker stopped at
         self.last_states: dict[str, str] = {}
+        self.signals_sent: set[str] = set()
         self.trigger(same=True)  # the first delivery's task; the rules go on from there
 
     # --- helpers ---------------------------------------------------------------------------
@@ -360,11 +367,12 @@ class EngineMachine(RuleBasedStateMachine):
         try:
             after = task_cancel(task_id=task.pk, user=self.owner)
         except InvalidTransition:
-            assert task.state not in (S.PENDING, S.RETRYING, S.RUNNING)
+            assert task.state not in (S.PENDING, S.RETRYING, S.RUNNING, S.WAITING)
             return
-        assert task.state in (S.PENDING, S.RETRYING, S.RUNNING)
+        assert task.state in (S.PENDING, S.RETRYING, S.RUNNING, S.WAITING)
         assert after.state in (S.CANCELLED, S.CANCELLING)
         LANDED["cancel_of_a_running_task" if task.state == S.RUNNING else "cancel"] += 1
+        LANDED["cancel_of_a_waiting_task"] += task.state == S.WAITING
 
     @precondition(lambda self: self.task_id is not None)
     @rule(from_start=booleans())
@@ -392,6 +400,62 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(step=sampled_from(BEHAVIOURS), compensation=sampled_from(BEHAVIOURS))
     def behaviour(self, step, compensation):
         MODE.update(c=step, undo_b=compensation)
+
+    @precondition(lambda self: self.task_id is not None)
+    @rule(key=sampled_from(["s1", "s2", "s3"]))
+    def signal_sent(self, key):
+        """The partner sends signal `go` (a key it may have used before: a replay)."""
+        state = Task.objects.filter(pk=self.task_id).values_list("state", flat=True).get()
+        try:
+            outcome = task_signal(task_id=self.task_id, name="go", payload={"key": key},
+                                  key=key, user=None, actor="model:partner")
+        except TaskFinished:
+            assert state in FINISHED_STATES
+            return
+        self.signals_sent.add(key)
+        LANDED["signal_woke_the_task" if outcome.woke else "signal_kept"] += 1
+        if state == S.WAITING:
+            assert outcome.woke or outcome.replayed
+
+    @precondition(lambda self: self.task_id is not None)
+    @rule()
+    def wait_times_out(self):
+        """The signal wait's timeout passes, the way the database sees it."""
+        waiting = Task.objects.filter(pk=self.task_id, state=S.WAITING).first()
+        if waiting is None:
+            return
+        past = store().db_now() - timedelta(seconds=1)
+        Task.objects.filter(pk=self.task_id, lease_token=waiting.lease_token).update(
+            next_attempt_at=past, waiting_for={**waiting.waiting_for, "until": past.isoformat()})
+        LANDED["wait_timed_out"] += 1
+
+    @precondition(lambda self: self.task_id is not None)
+    @rule(i=integers(0, 1), then=sampled_from(["cancel", "signal", "time_out", "both"]))
+    def at_the_wait(self, i, then):
+        """Worker i (a delivery, if it holds none) goes on until the task parks at
+        its wait, then: the owner cancels it; the partner signals it; its timeout
+        passes and the dispatcher wakes it; or a signal and the timeout come
+        together. The rules above meet a parked task only when it happens to be
+        there; this one seeks it, so every run lands each (asserted at its end)."""
+        MODE.update(c="ok")
+        if i not in self.runs:
+            run = Run(self.task_id, self.worker_id(i))
+            self.workers[i], self.runs[i] = run, run.steps()
+        for _ in range(12):
+            if i not in self.runs or self._stale(i):
+                break
+            self._advance(i)
+            self._observe()
+        if not Task.objects.filter(pk=self.task_id, state=S.WAITING).exists():
+            return
+        if then == "cancel":
+            self.cancel()
+        if then in ("signal", "both"):
+            self.signal_sent(f"s{len(self.signals_sent) % 3 + 1}")
+        if then in ("time_out", "both"):
+            self.wait_times_out()
+            self.dispatcher_passes()
+        LANDED[f"at_the_wait_{then}"] += 1
 
     # --- workers -------------------------------------------------------------------------------
 
@@ -613,6 +677,18 @@ class EngineMachine(RuleBasedStateMachine):
         _effects_match(cps, ledger, self.entries, self.baseline)
         _state_and_steps_agree(task, cps)
         assert _audit_chain(task, history) == []
+        self._signals_hold(task)
+
+    def _signals_hold(self, task):
+        """Each signal consumed at most once, one per time the wait step was
+        recorded succeeded (exactly once when the task went on past it); a
+        waiting task holds no lease."""
+        consumed = TaskSignal.objects.filter(task_id=self.task_id, consumed_at__isnull=False)
+        assert consumed.count() == self.entries[("go", StepState.SUCCEEDED)], (
+            list(consumed.values_list("idempotency_key", "consumed_step")), self.entries)
+        if task.state == S.WAITING:
+            assert Task.objects.filter(pk=self.task_id, lease_owner="",
+                                       lease_expires_at=None).exists()
 
     def every_ending_has_exactly_one_delivery(self):
         """Checked once per example: deliveries are only ever inserted (in the
@@ -640,9 +716,13 @@ class EngineMachine(RuleBasedStateMachine):
             return
         row = Task.objects.filter(pk=self.task_id)  # its state only: read up to 30 times
         MODE.update(c="ok", undo_b="ok")
-        for _ in range(30):
-            if row.values_list("state", flat=True).get() in FINISHED_STATES:
+        for n in range(30):
+            state = row.values_list("state", flat=True).get()
+            if state in FINISHED_STATES:
                 break
+            if state == S.WAITING:  # liveness: a signal always ends a wait
+                task_signal(task_id=self.task_id, name="go", payload={}, key=f"finish-{n}",
+                            user=None, actor="model:finisher")
             self.leases_run_out()
             self.backoff_elapses()
             dispatch_once()
@@ -692,7 +772,9 @@ def run_the_model(part: int) -> None:
         "commit_reply_lost", "claim_reply_lost", "transition_reply_lost",
         "transition_lost_before_the_server", "cancel_at_a_plain_steps_record",
         "edge_recover", "cancel", "cancel_of_a_running_task", "edge_resume", "edge_defer",
-        "edge_compensate", "edge_retry", "examples"))
+        "edge_compensate", "edge_retry", "edge_park", "edge_wake", "signal_woke_the_task",
+        "signal_kept", "wait_timed_out", "cancel_of_a_waiting_task", "at_the_wait_cancel",
+        "at_the_wait_signal", "at_the_wait_time_out", "at_the_wait_both", "examples"))
 
 
 class _Part:

@@ -30,6 +30,7 @@ from pilot_client.errors import (
     PilotConnectionError,
     PilotError,
     TaskCancelled,
+    TaskFinished,
     Throttled,
     Unavailable,
     UnknownWorkflow,
@@ -39,7 +40,7 @@ from pilot_client.errors import (
     WebhookVerificationError,
     error_from_problem,
 )
-from pilot_client.models import BatchItemResult, Step, Task, TriggerResult
+from pilot_client.models import BatchItemResult, Signal, SignalResult, Step, Task, TriggerResult
 from pilot_client.retry import RetryPolicy, parse_retry_after
 from pilot_client.webhooks import sign_webhook, verify_webhook
 
@@ -48,8 +49,8 @@ __all__ = [
     "IdempotencyKeyMismatch", "IdempotencyKeyMissing", "IdempotencyKeyReused", "InternalError",
     "InvalidTransition", "MethodNotAllowed", "NotAcceptable", "NotAuthenticated", "NotFound",
     "ParseError", "PayloadTooLarge", "PermissionDenied", "PilotAPIError", "PilotClient",
-    "PilotConnectionError", "PilotError", "RetryPolicy", "Step", "Task", "TaskCancelled",
-    "Throttled", "TriggerResult", "Unavailable", "UnknownWorkflow", "UnsupportedMediaType",
+    "PilotConnectionError", "PilotError", "RetryPolicy", "Signal", "SignalResult", "Step",
+    "Task", "TaskCancelled", "TaskFinished", "Throttled", "TriggerResult", "Unavailable", "UnknownWorkflow", "UnsupportedMediaType",
     "ValidationError", "WaitTimeout", "WebhookVerificationError", "__version__",
     "error_from_problem", "new_key", "parse_retry_after", "sign_webhook", "verify_webhook",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -21,7 +22,7 @@ from pilot_client.errors import (
     WaitTimeout,
     error_from_problem,
 )
-from pilot_client.models import BatchItemResult, Task, TriggerResult
+from pilot_client.models import BatchItemResult, Signal, SignalResult, Task, TriggerResult
 from pilot_client.retry import (
     RETRY_CODES,
     RETRY_STATUSES_ALWAYS,
@@ -87,7 +88,8 @@ class PilotClient:
 
     def trigger(self, workflow: str, payload: Any = None,
                 key: str | None = None, *, derive_key: bool = False,
-                callback_url: str | None = None) -> TriggerResult:
+                callback_url: str | None = None, run_after: datetime | str | None = None,
+                priority: int | None = None) -> TriggerResult:
         """Start `workflow` with `payload` once for `key` (`POST /api/v1/tasks`).
 
         Without `key` a new one is generated (read it back from `.key`); with
@@ -98,7 +100,9 @@ class PilotClient:
         TaskCancelled) and PilotConnectionError when the server could not be
         reached within the retries — calling again with `.key` is then safe.
         `callback_url`: where PILOT POSTs the task when it ends (a signed
-        webhook: `verify_webhook`); without it, the client's default endpoint."""
+        webhook: `verify_webhook`); without it, the client's default endpoint.
+        `run_after`: not before this time (an aware datetime or ISO 8601 text
+        with an offset); `priority`: -100..100, the highest claimed first."""
         headers = {}
         if not derive_key:
             key = _check_key(new_key() if key is None else key)
@@ -109,6 +113,7 @@ class PilotClient:
         body = {"workflow": workflow, "payload": {} if payload is None else payload}
         if callback_url is not None:
             body["callback_url"] = callback_url
+        _start_options(body, run_after, priority)
         response, attempts = self._request("POST", f"{API}/tasks", json=body, headers=headers,
                                            safe_to_resend=True, key=key)
         task = Task.from_json(response.json())
@@ -120,7 +125,8 @@ class PilotClient:
     def batch(self, items: Iterable[Mapping[str, Any]]) -> list[BatchItemResult]:
         """Trigger many runs (`POST /api/v1/tasks/batch`), one result per item in
         input order. Each item is a mapping with `workflow`, `payload` and
-        optionally `key` (or `idempotency_key`) and `callback_url`; items without a key get a
+        optionally `key` (or `idempotency_key`), `callback_url`, `run_after` and
+        `priority`; items without a key get a
         generated key, kept across retries. A refused item does not raise: its
         result carries the typed error. More than 1000 items go in several
         requests."""
@@ -132,6 +138,7 @@ class PilotClient:
                              "payload": item.get("payload", {})})
             if item.get("callback_url") is not None:
                 prepared[-1]["callback_url"] = item["callback_url"]
+            _start_options(prepared[-1], item.get("run_after"), item.get("priority"))
         results: list[BatchItemResult] = []
         for start in range(0, len(prepared), MAX_BATCH):
             chunk = prepared[start:start + MAX_BATCH]
@@ -210,6 +217,24 @@ class PilotClient:
                                     safe_to_resend=False)
         return Task.from_json(response.json())
 
+    def signal(self, task_id: str, name: str, payload: Any = None,
+               key: str | None = None) -> SignalResult:
+        """Send signal `name` with `payload` (default {}) to a task
+        (`POST /api/v1/tasks/{id}/signals/{name}`): what its wait step waits
+        for. Stored before the answer; kept if the task does not wait for it
+        yet; consumed once. Without `key` a new one is generated (read it back
+        from `.key`); every retry re-sends the same key, so it is sent at most
+        once. Raises NotFound, ValidationError, IdempotencyKeyReused (the key
+        with another payload), TaskFinished (a new signal to an ended task)."""
+        key = _check_key(new_key() if key is None else key)
+        response, _ = self._request(
+            "POST", f"{API}/tasks/{task_id}/signals/{name}",
+            json={"payload": {} if payload is None else payload},
+            headers={"Idempotency-Key": key}, safe_to_resend=True, key=key)
+        replayed = response.headers.get("Idempotent-Replayed", "").strip().lower() == "true"
+        return SignalResult(signal=Signal.from_json(response.json()["signal"]),
+                            replayed=replayed, status=response.status_code, key=key)
+
     # --- plumbing --------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -282,3 +307,13 @@ def _cursor_of(next_url: str | None) -> str | None:
         return None
     values = parse_qs(urlsplit(next_url).query).get("cursor")
     return values[0] if values else None
+
+
+def _start_options(body: dict, run_after: Any, priority: Any) -> None:
+    """A trigger's `run_after` (a datetime sent as ISO 8601) and `priority`,
+    when given; the server validates them."""
+    if run_after is not None:
+        body["run_after"] = run_after.isoformat() if isinstance(run_after, datetime) \
+            else run_after
+    if priority is not None:
+        body["priority"] = priority

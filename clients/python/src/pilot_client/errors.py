@@ -116,6 +116,11 @@ class InvalidTransition(PilotAPIError):
     code, status = "invalid_transition", 409
 
 
+class TaskFinished(PilotAPIError):
+    """409: a new signal for a task that has already ended."""
+    code, status = "task_finished", 409
+
+
 class Conflict(PilotAPIError):
     """409: the server lost a race too often; safe to send again with the same key
     (the client does so by itself)."""
@@ -153,7 +158,7 @@ ERRORS_BY_CODE: dict[str, type[PilotAPIError]] = {
         NotAuthenticated, PermissionDenied, NotFound, MethodNotAllowed, NotAcceptable,
         UnsupportedMediaType, ParseError, ValidationError, IdempotencyKeyMissing,
         IdempotencyKeyInvalid, IdempotencyKeyMismatch, UnknownWorkflow, PayloadTooLarge,
-        TaskCancelled, InvalidTransition, Conflict, IdempotencyKeyReused, Throttled,
+        TaskCancelled, InvalidTransition, TaskFinished, Conflict, IdempotencyKeyReused, Throttled,
         InternalError, Unavailable)
 }
 

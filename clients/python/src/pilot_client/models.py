@@ -63,6 +63,11 @@ class Task:
     next_attempt_at: datetime | None
     steps: tuple[Step, ...]
     raw: dict = dataclasses.field(repr=False, compare=False)
+    # What a `waiting` task waits for ({"kind", "name"?, "until"?}), else None.
+    waiting_for: dict | None = None
+    run_after: datetime | None = None
+    priority: int = 0
+    signals: tuple[Signal, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -87,7 +92,36 @@ class Task:
             expires_at=_when(data.get("expires_at")),
             next_attempt_at=_when(data.get("next_attempt_at")),
             steps=tuple(Step.from_json(s) for s in data.get("steps") or ()),
-            raw=dict(data))
+            raw=dict(data), waiting_for=data.get("waiting_for"),
+            run_after=_when(data.get("run_after")), priority=data.get("priority") or 0,
+            signals=tuple(Signal.from_json(s) for s in data.get("signals") or ()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Signal:
+    """A signal sent to a task: kept until a wait step consumes it."""
+
+    name: str
+    payload: Any
+    received_at: datetime | None
+    consumed_at: datetime | None
+
+    @classmethod
+    def from_json(cls, data: dict) -> Signal:
+        return cls(name=data.get("name", ""), payload=data.get("payload"),
+                   received_at=_when(data.get("received_at")),
+                   consumed_at=_when(data.get("consumed_at")))
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalResult:
+    """The answer to one signal: `replayed` when this key had already sent it
+    (200, `Idempotent-Replayed: true`), else a new signal (202)."""
+
+    signal: Signal
+    replayed: bool
+    status: int
+    key: str
 
 
 @dataclasses.dataclass(frozen=True)
