@@ -50,7 +50,8 @@ __all__ = [
     "InvalidTransition", "MethodNotAllowed", "NotAcceptable", "NotAuthenticated", "NotFound",
     "ParseError", "PayloadTooLarge", "PermissionDenied", "PilotAPIError", "PilotClient",
     "PilotConnectionError", "PilotError", "RetryPolicy", "Signal", "SignalResult", "Step",
-    "Task", "TaskCancelled", "TaskFinished", "Throttled", "TriggerResult", "Unavailable", "UnknownWorkflow", "UnsupportedMediaType",
+    "Task", "TaskCancelled", "TaskFinished", "Throttled", "TriggerResult", "Unavailable",
+    "UnknownWorkflow", "UnsupportedMediaType",
     "ValidationError", "WaitTimeout", "WebhookVerificationError", "__version__",
     "error_from_problem", "new_key", "parse_retry_after", "sign_webhook", "verify_webhook",
 ]
