@@ -412,3 +412,38 @@ def test_pages_keep_to_the_screen_follow_dark_mode_and_load_without_a_404(
     assert plate != "rgb(255, 255, 255)"
     # Every request of every page above succeeded: the favicon is found too.
     assert page.failures == []
+
+
+def test_an_operator_approves_a_waiting_task_and_a_real_worker_finishes_it(
+        live_server, fleet, signed_in, operator_user):
+    """demo.approval parks (no worker held); on its page the operator clicks
+    Approve…, reads what will be sent, sends it; the workers finish the task
+    with the operator's name in its result; the dashboard no longer lists it."""
+    page = signed_in
+    owner = operator_user
+    task = task_trigger(owner=owner, key=f"approve-{uuid.uuid4().hex[:8]}",
+                        workflow="demo.approval", payload={"timeout_seconds": 600}).task
+    wait_until(lambda: Task.objects.get(pk=task.pk).state == S.WAITING, 60,
+               what="the approval to park")
+    page.goto(f"{live_server.url}/admin/workflows/task/dashboard/")
+    assert str(task.pk)[:8] in page.locator("#pilot-waiting-for-a-person").inner_text()
+    page.goto(f"{live_server.url}/admin/workflows/task/{task.pk}/change/")
+    assert "Waiting for signal decision" in page.locator("#pilot-waiting").inner_text()
+    page.click("#pilot-approve")
+    page.click("#pilot-signal-review")
+    shown = page.locator("#pilot-signal-payload").inner_text()
+    assert '"approved": true' in shown and '"by": "op-browser"' in shown
+    assert Task.objects.get(pk=task.pk).state == S.WAITING  # nothing sent yet
+    shot(page, "signal-confirm")
+    page.click("#pilot-signal-send")
+    page.wait_for_selector(".messagelist")
+    assert "Signal 'decision' sent" in page.locator(".messagelist").inner_text()
+    wait_until(lambda: Task.objects.get(pk=task.pk).state == S.SUCCEEDED, 60,
+               what="the workers to finish the approved task")
+    task.refresh_from_db()
+    assert task.result == {"approved": True, "by": "op-browser"}
+    wake = TaskTransition.objects.get(task_id=task.pk, transition="wake")
+    assert wake.actor == "user:op-browser"
+    assert LogEntry.objects.filter(object_id=str(task.pk),
+                                   change_message__startswith="Sent signal").exists()
+    assert page.failures == []
