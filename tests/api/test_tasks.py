@@ -21,7 +21,8 @@ def test_a_task_reads_with_its_steps(api):
     body = r.json()
     assert set(body) == {"id", "idempotency_key", "workflow", "state", "payload", "result",
                          "error", "error_type", "attempts", "max_attempts", "replays",
-                         "next_attempt_at", "waiting_for", "source", "trace_id", "created_at",
+                         "next_attempt_at", "waiting_for", "run_after", "priority", "source",
+                         "trace_id", "created_at",
                          "started_at", "finished_at", "expires_at", "steps", "callback_url",
                          "deliveries", "signals"}
     assert body["state"] == "succeeded" and body["steps"] == []

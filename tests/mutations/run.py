@@ -237,8 +237,8 @@ MUTANTS = (
         "the one-statement replay forgets a replayable state (compensating): a re-trigger "
         "then pays the general path's locks and statements",
         "workflows/engine/store/sql.py",
-        (("       AND (state IN ('pending', 'running', 'retrying', 'compensating')",
-          "       AND (state IN ('pending', 'running', 'retrying')"),),
+        (("       AND (state IN ('pending', 'running', 'retrying', 'waiting', 'compensating')",
+          "       AND (state IN ('pending', 'running', 'retrying', 'waiting')"),),
         ("tests/engine/test_triggers.py::"
          "test_the_one_statement_replay_takes_exactly_the_replayable_states",),
         promise="replays", ci=False,

@@ -107,7 +107,8 @@ def test_decorator_keeps_declaration_order_and_options():
     assert wf.idempotency_ttl == timedelta(seconds=60)
     assert wf.key_fields == ("batch",)
     assert wf.describe()["steps"][1] == {"index": 1, "name": "second-step", "atomic": True,
-                                         "compensation": "noop", "compensation_atomic": True}
+                                         "compensation": "noop", "compensation_atomic": True,
+                                         "waits_for": None}
 
 
 def test_retryable_classification():

@@ -252,12 +252,14 @@ STATEMENTS: dict[str, str] = {
     "db_now": "SELECT statement_timestamp()",
 
     # The candidate row is locked first, so a racing claim waits and then finds
-    # it no longer claimable (the WHERE is re-checked on the row it locks); then
+    # it no longer claimable (the WHERE is re-checked on the row it locks: due by
+    # the clock then — clock_timestamp(), not this statement's start —, so a
+    # claim that waited for a retry's lock finds the retried task due); then
     # the caps decide. No row back: nothing claimed.
     "claim": f"""WITH prior AS (
     SELECT id, state, enqueued_at, owner_id, workflow FROM workflows_task
      WHERE id = %(task_id)s AND attempts < max_attempts AND state IN ('pending', 'retrying')
-       AND (next_attempt_at IS NULL OR next_attempt_at <= statement_timestamp())
+       AND (next_attempt_at IS NULL OR next_attempt_at <= clock_timestamp())
        FOR UPDATE
 ), {slot_decided(False)}, {claimed("prior, slot", "slot.free")}, {claim_audit("%(actor)s")}
 SELECT * FROM claimed""",
@@ -374,7 +376,7 @@ SELECT EXISTS (SELECT FROM fence) AS fenced""",
      WHERE NOT EXISTS (SELECT FROM created)
        AND owner_id = %(owner_id)s AND idempotency_key = %(key)s
        AND fingerprint = %(fingerprint)s
-       AND (state IN ('pending', 'running', 'retrying', 'compensating')
+       AND (state IN ('pending', 'running', 'retrying', 'waiting', 'compensating')
             OR (state = 'succeeded'
                 AND (expires_at IS NULL OR expires_at > statement_timestamp())))
        FOR KEY SHARE
