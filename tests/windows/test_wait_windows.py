@@ -238,3 +238,43 @@ def test_a_timer_is_measured_by_the_databases_clock_whatever_the_machines_clock(
     ends = task.next_attempt_at - db_before
     assert timedelta(seconds=29) <= ends <= timedelta(seconds=40), ends
     assert dispatch_once().woken == 0  # not due by the database, whatever this process says
+
+
+def test_a_thousand_timers_due_at_once_are_woken_in_batches_behind_older_work(owner):
+    """1 000 timers due in the same instant: each dispatcher pass wakes a batch
+    and says it is full (the loop runs again at once), every timer is woken
+    within BATCH-sized passes, and work that was due before the wake is
+    claimed first (a woken task is due from its wake), then the woken ones."""
+    from django.db.models import F
+
+    from workflows.engine.dispatcher import BATCH
+    from workflows.engine.leases import lease_length
+    from workflows.models import StepCheckpoint, TaskTransition
+
+    n = 1000
+    now = store().db_now()
+    timers = Task.objects.bulk_create(
+        Task(owner=owner, idempotency_key=f"timer-{i}", workflow="demo.timer",
+             payload={"seconds": 1}, fingerprint="x", max_attempts=3, attempts=1,
+             state=S.WAITING, next_attempt_at=now - timedelta(milliseconds=1),
+             waiting_for={"kind": "timer", "step": 1, "until": now.isoformat()},
+             created_at=now, updated_at=now, lease_token=2)
+        for i in range(n))
+    StepCheckpoint.objects.bulk_create(
+        StepCheckpoint(task_id=t.pk, index=i, name=name, state=state, attempts=1)
+        for t in timers for i, (name, state) in enumerate([("before", "succeeded"),
+                                                           ("wait", "running")]))
+    earlier = task_trigger(owner=owner, key="earlier", workflow="demo.echo", payload={}).task
+    passes = 0
+    while Task.objects.filter(state=S.WAITING).exists():
+        report = dispatch_once()
+        passes += 1
+        assert report.woken <= BATCH and report.full == (report.woken == BATCH)
+        assert passes <= n // BATCH + 1, "the timers were not woken batch by batch"
+    assert TaskTransition.objects.filter(transition="wake").count() == n
+    assert Task.objects.filter(pk__in=[t.pk for t in timers], state=S.PENDING,
+                               max_attempts=F("attempts") + 3).count() == n
+    first = store().claim_next(worker="w", lease=lease_length())
+    assert first.task.pk == earlier.pk  # due before the wake: not starved by a thousand
+    second = store().claim_next(worker="w", lease=lease_length())
+    assert second.task.workflow == "demo.timer"
