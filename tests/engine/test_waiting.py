@@ -305,3 +305,19 @@ def test_among_due_tasks_the_highest_priority_is_claimed_first_then_the_oldest(o
     while (claimed := store().claim_next(worker="w", lease=lease_length())) is not None:
         order.append(claimed.task.idempotency_key)
     assert order == ["high", "mid-old", "mid-new", "low-old"]
+
+
+def test_the_dispatcher_reports_when_the_next_timer_or_delayed_start_is_due(owner):
+    from datetime import timedelta
+
+    from workflows.engine.store import store
+
+    start = store().db_now() + timedelta(seconds=300)
+    task_trigger(owner=owner, key="later", workflow="demo.echo", payload={},
+                 run_after=start.isoformat())
+    assert dispatch_once().next_due == start  # the loop wakes for the delayed start
+    timer = trigger(owner, "demo.timer", {"seconds": 60})
+    run_queued()
+    timer.refresh_from_db()
+    assert timer.state == S.WAITING
+    assert dispatch_once().next_due == timer.next_attempt_at < start  # and for the timer

@@ -115,8 +115,9 @@ def dispatch_once(*, batch: int = BATCH, actor: str | None = None) -> DispatchRe
     _reenqueue_lost(now, report)
     report.deliveries_enqueued, full = deliveries_enqueue_due(now, batch=batch)
     report.full = report.full or full
-    report.next_due = (Task.objects.filter(state__in=[TaskState.RETRYING, TaskState.WAITING,
-                                                     *COMPENSATION_STATES],
+    # (pending: a delayed start; waiting: a timer or a timeout)
+    report.next_due = (Task.objects.filter(state__in=[TaskState.PENDING, TaskState.RETRYING,
+                                                     TaskState.WAITING, *COMPENSATION_STATES],
                                            next_attempt_at__gt=now)
                        .aggregate(m=Min("next_attempt_at"))["m"])
     for action, count in report.as_dict().items():
