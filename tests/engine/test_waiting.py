@@ -321,3 +321,30 @@ def test_the_dispatcher_reports_when_the_next_timer_or_delayed_start_is_due(owne
     timer.refresh_from_db()
     assert timer.state == S.WAITING
     assert dispatch_once().next_due == timer.next_attempt_at < start  # and for the timer
+
+
+def test_a_timed_out_wait_retried_from_the_start_waits_again_for_a_new_signal(owner, signaller):
+    task = trigger(owner, "demo.approval", {"timeout_seconds": 5})
+    signal(task, signaller, name="other", key="unrelated")  # kept: not what it waits for
+    run_queued()
+    rewind(task.pk, 6)
+    task.refresh_from_db()
+    Task.objects.filter(pk=task.pk).update(
+        waiting_for={**task.waiting_for, "until": task.next_attempt_at.isoformat()})
+    dispatch_once()
+    run_queued()
+    task.refresh_from_db()
+    assert task.state == S.FAILED and task.error_type == "SignalTimeout"
+    first_deadline = task.waiting_for["until"]
+    task_retry(task_id=task.pk, user=owner, from_start=True)
+    run_queued()
+    task.refresh_from_db()
+    assert task.state == S.WAITING and task.waits_for["name"] == "decision"
+    assert task.waits_for["until"] > first_deadline  # a fresh deadline, not the old one
+    signal(task, signaller, payload={"approved": True, "by": "second-try"}, key="k2")
+    run_queued()
+    task.refresh_from_db()
+    assert task.result == {"approved": True, "by": "second-try"}
+    prepare = StepCheckpoint.objects.get(task=task, name="prepare")
+    assert prepare.attempts == 2  # run again from the start
+    assert TaskSignal.objects.get(task=task, idempotency_key="unrelated").consumed_at is None
