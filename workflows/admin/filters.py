@@ -42,9 +42,11 @@ class OwnerFilter(admin.SimpleListFilter):
     def lookups(self, request, model_admin):
         if not can_view_all(request.user):
             return []
-        owners = (get_user_model().objects
+        users = get_user_model()
+        name = users.USERNAME_FIELD  # `username`, or the host's own (`email`)
+        owners = (users.objects
                   .filter(Exists(Task.objects.filter(owner=OuterRef("pk"))))
-                  .order_by("username").values_list("pk", "username")[:MAX_OWNERS])
+                  .order_by(name).values_list("pk", name)[:MAX_OWNERS])
         return [(str(pk), username) for pk, username in owners]
 
     def queryset(self, request, queryset):
