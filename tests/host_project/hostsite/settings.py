@@ -110,7 +110,7 @@ Q_CLUSTER = {
     "poll": 0.1,
     "ALT_CLUSTERS": {
         "pilot": {"workers": 2, "timeout": 300, "retry": 360, "max_attempts": 1,
-                  "ack_failures": True, "save_limit": -1},
+                  "ack_failures": True, "save_limit": -1, "catch_up": False},
     },
 }
 if _redis:
