@@ -163,12 +163,26 @@ _UNSHARED_CACHES = ("django.core.cache.backends.dummy.DummyCache",
 
 @register(Tags.caches)
 def pilot_cache_shared(app_configs, **kwargs):
-    backend = settings.CACHES.get("default", {}).get("BACKEND", "")
+    from workflows.observability.shared_cache import cache_alias
+
+    alias = cache_alias()
+    if alias not in settings.CACHES:
+        return [Error(
+            f"PILOT_CACHE_ALIAS is {alias!r}, which CACHES does not define: PILOT's rate "
+            "limits and login lockouts have nowhere to live.",
+            hint=f"Add CACHES[{alias!r}] (the database cache on the pilot_cache table, or "
+                 "Redis), or set PILOT_CACHE_ALIAS to one of "
+                 f"{', '.join(map(repr, settings.CACHES))}.",
+            id="pilot.E010")]
+    backend = settings.CACHES[alias].get("BACKEND", "")
     if backend in _UNSHARED_CACHES:
         return [Error(
-            f"CACHES['default'] is {backend.rsplit('.', 1)[-1]}, which every process keeps "
-            "to itself (or not at all): the rate limits and login lockouts would not hold.",
-            hint="Use the database cache (the default) or Redis (REDIS_URL).",
+            f"CACHES[{alias!r}] (PILOT_CACHE_ALIAS) is {backend.rsplit('.', 1)[-1]}, which "
+            "every process keeps to itself (or not at all): the rate limits and login "
+            "lockouts would not hold.",
+            hint=f"Point CACHES[{alias!r}] at the database cache (LOCATION 'pilot_cache', "
+                 "which PILOT's migrations create) or Redis — or set PILOT_CACHE_ALIAS to "
+                 "an alias of its own for PILOT and leave your default cache as it is.",
             id="pilot.E010")]
     return []
 
@@ -181,9 +195,12 @@ def pilot_cache_reachable(app_configs, databases=None, **kwargs):
     app's migrations are still to run: they create it."""
     if not databases:
         return []
-    from django.core.cache import cache
-
-    from workflows.observability.shared_cache import PERMANENT, cache_error_kind, describe
+    from workflows.observability.shared_cache import (
+        PERMANENT,
+        cache,
+        cache_error_kind,
+        describe,
+    )
 
     try:
         cache.get("pilot:check-probe")

@@ -61,13 +61,17 @@ from django.conf import settings
 from django.contrib.auth.backends import BaseBackend, ModelBackend
 from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.core import signing
-from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from django.dispatch import receiver
 
 from workflows.conf import pilot_settings
 from workflows.observability.events import Event, emit
-from workflows.observability.shared_cache import CacheFailure, cache_soft, cache_strict
+from workflows.observability.shared_cache import (
+    CacheFailure,
+    cache,
+    cache_soft,
+    cache_strict,
+)
 
 _PREFIX = "pilot:login:"
 DEVICE_COOKIE = "pilot_login_device"

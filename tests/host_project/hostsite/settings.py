@@ -90,14 +90,17 @@ REST_FRAMEWORK = {
 }
 
 # docs/embedding.md, step 5: a cache every process shares (PILOT's rate limits
-# and login lockouts); PILOT's migrations create the `pilot_cache` table.
+# and login lockouts) under an alias of PILOT's own, so the host's default cache
+# stays Django's per-process one; PILOT's migrations create the `pilot_cache` table.
 _redis = os.environ.get("HOST_REDIS_URL")
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 if _redis:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
-                          "LOCATION": _redis, "KEY_PREFIX": f"host-{os.getpid()}"}}
+    CACHES["pilot"] = {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                       "LOCATION": _redis, "KEY_PREFIX": f"host-{os.getpid()}"}
 else:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache",
-                          "LOCATION": "pilot_cache"}}
+    CACHES["pilot"] = {"BACKEND": "django.core.cache.backends.db.DatabaseCache",
+                       "LOCATION": "pilot_cache"}
+PILOT_CACHE_ALIAS = "pilot"
 
 # docs/embedding.md, step 5: the host's own django-q2 cluster keeps django-q2's
 # defaults (max_attempts 0, results kept); PILOT's cluster is an ALT_CLUSTERS
