@@ -4,8 +4,9 @@ With PILOT_METRICS_TOKEN set it wants `Authorization: Bearer <token>`.
 Without one it is closed (403), except under DEBUG (`make run`) or when the
 project opens it on purpose (PILOT_METRICS_PUBLIC: a scraper-only network):
 the page shows workflow names and task counts, which a host's public domain
-must not hand to anyone who asks (docs/security.md). Needs no session or database for the event metrics, so it answers
-during a database outage too (with pilot_database_up 0).
+must not hand to anyone who asks (docs/security.md). Needs no session or
+database for the event metrics, so it answers during a database outage too
+(with pilot_database_up 0).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from workflows.conf import pilot_settings
 from workflows.observability.metrics import exposition
-
 
 CLOSED = ("/metrics is closed: set PILOT_METRICS_TOKEN (and send Authorization: Bearer "
           "<token>), or PILOT_METRICS_PUBLIC=true if only your scraper can reach it\n")

@@ -17,8 +17,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from workflows.observability.metrics import exposition, multiprocess_dir
 from workflows.conf import pilot_settings
+from workflows.observability.metrics import exposition, multiprocess_dir
 from workflows.observability.views import CLOSED, token_authorized
 
 
