@@ -9,7 +9,12 @@ from __future__ import annotations
 import re
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema_field,
+)
 from rest_framework import serializers
 
 from workflows.api.serializers import (
@@ -140,6 +145,17 @@ class TaskPageDoc(serializers.Serializer):
     results = TaskSerializer(many=True)
 
 
+@extend_schema_field({"type": "object", "additionalProperties": {}},
+                     component_name="AnyPayload")
+class AnyPayloadField(serializers.DictField):
+    """The payload of a workflow without a payload serializer: any JSON object.
+    A named component, not an object written inline in each trigger shape:
+    openapi-python-client names an inline object after the shape that holds
+    it, and with one workflow (a one-member oneOf) it builds that name twice,
+    refuses the duplicate and drops `POST /tasks` from the client it
+    generates (tests/api/test_schema.py)."""
+
+
 _trigger_shapes: dict = {}
 
 
@@ -156,7 +172,7 @@ def trigger_shapes() -> dict:
             if workflow.payload_serializer is not None:
                 payload = workflow.payload_serializer(help_text=f"Input of {workflow.name}.")
             else:
-                payload = serializers.DictField(required=False, help_text="Any JSON object.")
+                payload = AnyPayloadField(required=False, help_text="Any JSON object.")
             title = "".join(part.title() for part in re.split(r"[._]", workflow.name))
             shapes[workflow.name] = type(f"Trigger{title}", (serializers.Serializer,), {
                 "workflow": serializers.ChoiceField(choices=[workflow.name]),
