@@ -24,6 +24,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_q",
     "workflows",
+    "workflows.login_guard",  # docs/embedding.md, step 3: the opt-in login guard
     # The host's own app, with its own workflow.
     "shop",
 ]
@@ -105,6 +106,10 @@ PILOT_CACHE_ALIAS = "pilot"
 # docs/embedding.md, step 5: the host's own django-q2 cluster keeps django-q2's
 # defaults (max_attempts 0, results kept); PILOT's cluster is an ALT_CLUSTERS
 # entry with PILOT's limits, run by `manage.py run_workers`.
+# PILOT's cluster, and so its Redis queue (django_q:<name>:q), named for this
+# project: on a Redis other projects share, the default "pilot" would be
+# shared too (pilot.W027).
+PILOT_Q_CLUSTER_NAME = "hostsite-pilot"
 Q_CLUSTER = {
     "name": "hostsite",
     "workers": 1,
@@ -112,7 +117,7 @@ Q_CLUSTER = {
     "retry": 90,
     "poll": 0.1,
     "ALT_CLUSTERS": {
-        "pilot": {"workers": 2, "timeout": 300, "retry": 360, "max_attempts": 1,
+        PILOT_Q_CLUSTER_NAME: {"workers": 2, "timeout": 300, "retry": 360, "max_attempts": 1,
                   "ack_failures": True, "save_limit": -1, "catch_up": False},
     },
 }
