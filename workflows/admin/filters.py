@@ -30,7 +30,7 @@ class WorkflowFilter(admin.SimpleListFilter):
 
 class OwnerFilter(admin.SimpleListFilter):
     """Users that own at least one task (an EXISTS per user on
-    task_owner_created_idx, instead of a DISTINCT over every task).
+    pilot_task_owner_created_idx, instead of a DISTINCT over every task).
 
     Only for holders of `workflows.view_all_tasks`: everyone else sees only
     their own tasks, so the filter would offer nothing but a list of other
