@@ -233,3 +233,19 @@ RETRY_DESCRIPTION = (
     "checkpoints, or from the first step with `from_start: true`. 409 `invalid_transition` "
     "for any other state. Cancel and retry share one per-client rate limit "
     "(PILOT_ACTION_RATE): 429 `throttled` with Retry-After beyond it.")
+
+
+def exclude_pilot_endpoints(endpoints, **kwargs):
+    """drf-spectacular preprocessing hook for a host project's own schema: leave
+    PILOT's endpoints out of it (docs/embedding.md, "Names"). Without it the
+    host's schema lists PILOT's routes and components beside its own, and a
+    host serializer named like one of PILOT's (`TaskSerializer`) collides with
+    it. PILOT's API keeps its own schema at its own `schema` route.
+
+        SPECTACULAR_SETTINGS = {"PREPROCESSING_HOOKS": [
+            "workflows.api.schema.exclude_pilot_endpoints"]}"""
+    from workflows.api.base import PilotAPIView
+
+    return [(path, regex, method, callback) for path, regex, method, callback in endpoints
+            if not issubclass(getattr(callback, "cls", object), PilotAPIView)]
+
