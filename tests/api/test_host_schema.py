@@ -14,7 +14,6 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
 
-
 class TaskSerializer(serializers.Serializer):  # the host's own "Task"
     title = serializers.CharField()
     done = serializers.BooleanField()
