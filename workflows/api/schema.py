@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from drf_spectacular.serializers import PolymorphicProxySerializerExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -187,9 +188,29 @@ def trigger_shapes() -> dict:
     return _trigger_shapes[names]
 
 
-TRIGGER_REQUEST = PolymorphicProxySerializer(component_name="Trigger",
-                                             serializers=trigger_shapes,
-                                             resource_type_field_name="workflow")
+class _TriggerShapes(PolymorphicProxySerializer):
+    """The trigger body: one shape per workflow registered *now*. drf-spectacular
+    calls a `serializers` callable once and keeps its answer for the life of the
+    process, so a workflow registered after the first schema was served (or
+    one unregistered) would be described wrongly ever after."""
+
+    @property
+    def serializers(self):
+        return trigger_shapes()
+
+    @serializers.setter
+    def serializers(self, value):
+        self._serializers = value
+
+
+class _TriggerShapesExtension(PolymorphicProxySerializerExtension):
+    # drf-spectacular picks an extension by the exact class: the proxy's own,
+    # for this subclass too.
+    target_class = _TriggerShapes
+
+
+TRIGGER_REQUEST = _TriggerShapes(component_name="Trigger", serializers=trigger_shapes,
+                                 resource_type_field_name="workflow")
 
 
 def strict_request_bodies(result, generator, request, public):
