@@ -206,7 +206,7 @@ class _TriggerShapes(PolymorphicProxySerializer):
 class _TriggerShapesExtension(PolymorphicProxySerializerExtension):
     # drf-spectacular picks an extension by the exact class: the proxy's own,
     # for this subclass too.
-    target_class = _TriggerShapes
+    target_class = "workflows.api.schema._TriggerShapes"
 
 
 TRIGGER_REQUEST = _TriggerShapes(component_name="Trigger", serializers=trigger_shapes,
