@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_q",
     "workflows",
+    "workflows.login_guard",  # lockouts after failed logins (docs/security.md)
 ]
 
 MIDDLEWARE = [

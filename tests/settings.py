@@ -25,6 +25,9 @@ os.environ["PILOT_Q_CLUSTER_NAME"] = _QUEUE
 os.environ.setdefault("PILOT_TEST_DRAIN_SECONDS", "0")
 # The demo workflows are the suite's fixtures (and those of the processes it starts).
 os.environ.setdefault("PILOT_DEMO_WORKFLOWS", "true")
+# The suite scrapes /metrics without a token (in-process and from the processes it
+# starts); tests/observability/test_metrics.py proves the closed default.
+os.environ.setdefault("PILOT_METRICS_PUBLIC", "true")
 # Fair shares: most tests run several tasks of one client at once on purpose (races,
 # recoveries, kills), so the suite runs without the per-client cap unless a test asks
 # for it: tests/engine/test_caps.py sets caps per test, and the real-process proof

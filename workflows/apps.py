@@ -11,7 +11,6 @@ class WorkflowsConfig(AppConfig):
 
         # Imported for their side effects: checks, signals, the schedules' admin.
         from workflows import checks  # noqa: F401
-        from workflows.accounts import login_forms, login_guard  # noqa: F401
         from workflows.admin import django_q, guard, schedules, webhooks  # noqa: F401
         from workflows.engine import schedules_sync_after_migrate
         from workflows.observability import metrics
@@ -19,8 +18,9 @@ class WorkflowsConfig(AppConfig):
 
         autodiscover()
         metrics.install()
-        # After the admin's autodiscovery (django.contrib.admin is ready first):
-        login_forms.install()  # the login form says why the login guard refused
+        # After the admin's autodiscovery (django.contrib.admin is ready first).
+        # The login guard's receivers and login form: the opt-in app
+        # workflows.login_guard.
         django_q.install()  # django-q2's Schedule admin cannot run arbitrary callables
         guard.guard_stock_admins()  # no lookup on a password hash, no NUL reaching SQL
         # Schedules declared in code are written when the database is migrated

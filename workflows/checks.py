@@ -86,9 +86,30 @@ def pilot_execution_settings(app_configs, **kwargs):
     return errors
 
 
+@register()
+def pilot_queue_per_project(app_configs, **kwargs):
+    """On Redis the queue is the key `django_q:<PILOT_Q_CLUSTER_NAME>:q`, and the
+    default name is the same in every PILOT project: a project that never chose
+    one shares its queue with any other on the same Redis database (each takes
+    the other's messages, cannot open them, and the dispatcher re-sends them
+    after PILOT_REENQUEUE_SECONDS). The standalone project always sets it."""
+    q = cluster_conf()
+    if q is None or not q.get("redis") or hasattr(settings, "PILOT_Q_CLUSTER_NAME"):
+        return []
+    main = settings.Q_CLUSTER.get("name", "default")
+    return [Warning(
+        f"PILOT's queue on Redis is django_q:{cluster_name()}:q, the default every PILOT "
+        "project shares: two projects (or staging and production) on one Redis database "
+        "would take each other's messages and delay each other's runs.",
+        hint=f"Set PILOT_Q_CLUSTER_NAME = {f'{main}-pilot'!r} (a name of this project's own) "
+             "and name the ALT_CLUSTERS entry the same (docs/embedding.md).",
+        id="pilot.W027")]
+
+
 # --- what a host project must install, and what it may leave out ---------------------------
 
 REQUIRED_APPS = ("rest_framework", "drf_spectacular", "drf_spectacular_sidecar", "django_q")
+LOGIN_GUARD_APP = "workflows.login_guard"  # opt-in: lockouts after failed logins
 
 _MIDDLEWARE = {
     "workflows.observability.middleware.TraceIdMiddleware": (
@@ -112,14 +133,23 @@ def pilot_installation(app_configs, **kwargs):
                       hint="See docs/embedding.md.", id="pilot.E020")
                 for app in REQUIRED_APPS if not apps.is_installed(app)]
     middleware = list(getattr(settings, "MIDDLEWARE", None) or [])
+    backends = list(getattr(settings, "AUTHENTICATION_BACKENDS", None) or [])
+    lockout_backend = "workflows.accounts.login_guard.LockoutBackend"
+    guarded = apps.is_installed(LOGIN_GUARD_APP)
     for path, (check_id, consequence) in _MIDDLEWARE.items():
+        if check_id == "pilot.W022" and not guarded:
+            continue  # the login guard is opt-in: no device cookie to set without it
         if path not in middleware:
             problems.append(Warning(f"{path} is not in MIDDLEWARE: {consequence}.",
                                     hint="docs/embedding.md says where it goes.",
                                     id=check_id))
-    backends = list(getattr(settings, "AUTHENTICATION_BACKENDS", None) or [])
-    lockout_backend = "workflows.accounts.login_guard.LockoutBackend"
-    if lockout_backend not in backends:
+    if not guarded and lockout_backend in backends:
+        problems.append(Warning(
+            f"{lockout_backend} is in AUTHENTICATION_BACKENDS but {LOGIN_GUARD_APP!r} is not "
+            "in INSTALLED_APPS: failed logins are not counted, so nobody is ever locked out.",
+            hint=f"Add {LOGIN_GUARD_APP!r} to INSTALLED_APPS, or remove the backend "
+                 "(docs/embedding.md).", id="pilot.W026"))
+    if guarded and lockout_backend not in backends:
         problems.append(Warning(
             f"{lockout_backend} is not in AUTHENTICATION_BACKENDS: password logins are not "
             "limited (no lockout after repeated failures).",
@@ -163,12 +193,26 @@ _UNSHARED_CACHES = ("django.core.cache.backends.dummy.DummyCache",
 
 @register(Tags.caches)
 def pilot_cache_shared(app_configs, **kwargs):
-    backend = settings.CACHES.get("default", {}).get("BACKEND", "")
+    from workflows.observability.shared_cache import cache_alias
+
+    alias = cache_alias()
+    if alias not in settings.CACHES:
+        return [Error(
+            f"PILOT_CACHE_ALIAS is {alias!r}, which CACHES does not define: PILOT's rate "
+            "limits and login lockouts have nowhere to live.",
+            hint=f"Add CACHES[{alias!r}] (the database cache on the pilot_cache table, or "
+                 "Redis), or set PILOT_CACHE_ALIAS to one of "
+                 f"{', '.join(map(repr, settings.CACHES))}.",
+            id="pilot.E010")]
+    backend = settings.CACHES[alias].get("BACKEND", "")
     if backend in _UNSHARED_CACHES:
         return [Error(
-            f"CACHES['default'] is {backend.rsplit('.', 1)[-1]}, which every process keeps "
-            "to itself (or not at all): the rate limits and login lockouts would not hold.",
-            hint="Use the database cache (the default) or Redis (REDIS_URL).",
+            f"CACHES[{alias!r}] (PILOT_CACHE_ALIAS) is {backend.rsplit('.', 1)[-1]}, which "
+            "every process keeps to itself (or not at all): the rate limits and login "
+            "lockouts would not hold.",
+            hint=f"Point CACHES[{alias!r}] at the database cache (LOCATION 'pilot_cache', "
+                 "which PILOT's migrations create) or Redis — or set PILOT_CACHE_ALIAS to "
+                 "an alias of its own for PILOT and leave your default cache as it is.",
             id="pilot.E010")]
     return []
 
@@ -181,9 +225,12 @@ def pilot_cache_reachable(app_configs, databases=None, **kwargs):
     app's migrations are still to run: they create it."""
     if not databases:
         return []
-    from django.core.cache import cache
-
-    from workflows.observability.shared_cache import PERMANENT, cache_error_kind, describe
+    from workflows.observability.shared_cache import (
+        PERMANENT,
+        cache,
+        cache_error_kind,
+        describe,
+    )
 
     try:
         cache.get("pilot:check-probe")

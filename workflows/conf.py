@@ -179,8 +179,16 @@ SETTINGS: tuple[Setting, ...] = (
     S("PILOT_ROTATION_OVERLAP_SECONDS", float, 86400.0,
       "after a rotation the old API token keeps authenticating and the old webhook secret "
       "keeps signing (beside the new) this long; 0: the old stops at once", minimum=0),
+    # The shared cache (docs/embedding.md, "A shared cache").
+    S("PILOT_CACHE_ALIAS", str, "default",
+      "the CACHES alias holding PILOT's rate limits, login lockouts and metrics counts; "
+      "every process must share it"),
     # Metrics (docs/operations.md).
-    S("PILOT_METRICS_TOKEN", str, None, "a bearer token /metrics requires (unset: none)"),
+    S("PILOT_METRICS_TOKEN", str, None,
+      "a bearer token /metrics requires (unset: /metrics is closed, unless DEBUG or "
+      "PILOT_METRICS_PUBLIC)"),
+    S("PILOT_METRICS_PUBLIC", bool, False,
+      "without PILOT_METRICS_TOKEN, /metrics answers anyone (only the scraper can reach it)"),
     S("PILOT_METRICS_TASKS_TTL", int, 15, "seconds the task-count gauges are cached",
       minimum=0),
     # Login guard (docs/security.md).

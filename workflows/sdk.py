@@ -14,13 +14,16 @@
     def fetch(ctx: StepContext) -> dict:
         ...
 
+A host project's own code starts a run in-process with `task_trigger` (the
+engine's, as the API calls it; docs/embedding.md, "Triggering from your code").
+
 The names are the objects of the modules that define them, re-exported
 unchanged (`workflows.sdk.define_workflow is workflows.registry.define_workflow`),
 so code that imports them from there keeps working. Testing a workflow is
 `workflows.testing.run_workflow`, kept apart: it is for test code only.
 """
 
-from workflows.engine import StepContext
+from workflows.engine import StepContext, TriggerOutcome, task_trigger
 from workflows.registry import (
     DEFAULT_IDEMPOTENCY_TTL,
     RetryPolicy,
@@ -55,4 +58,6 @@ __all__ = [  # noqa: RUF022 - grouped by what an author does with them
     "ValidationFailed",
     # payload serializer fields that accept JSON's types only (no "1" for 1)
     "JSONInteger", "JSONNumber", "JSONBoolean", "JSONString",
+    # starting a run from a host's own code: what the API's POST /tasks calls
+    "task_trigger", "TriggerOutcome",
 ]

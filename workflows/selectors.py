@@ -118,7 +118,7 @@ def task_wait_finished(task_id, *, timeout: float, interval: float = 0.2) -> Tas
 def task_counts_by_state(*, timeout_ms: int | None = None) -> dict[str, int]:
     """{state: number of tasks} for every state (zeros included): one GROUP BY,
     COUNT(*) rather than COUNT(id) so that it is an index-only scan of
-    task_state_created_idx. The dashboard and the `pilot_tasks` metric both read
+    pilot_task_state_created_idx. The dashboard and the `pilot_tasks` metric both read
     it. With `timeout_ms`, PostgreSQL gives up after that long (raising
     DatabaseError): the metrics scrape passes 2 000 rather than be held on a huge
     table."""
@@ -140,7 +140,7 @@ def task_backlog() -> tuple[int, float | None]:
     """(tasks waiting for a worker, epoch seconds since when the longest-waiting
     one waits, or None): pending tasks (since their enqueue) and retrying tasks
     whose backoff is over (since it ended). Two aggregates over the partial
-    indexes task_pending_enqueued_idx and task_retry_due_idx; on PostgreSQL it
+    indexes pilot_task_pending_enq_idx and task_retry_due_idx; on PostgreSQL it
     gives up after 2 s (DatabaseError) rather than hold a scrape."""
     from django.db.models import Count, Min
     from django.db.models.functions import Now

@@ -32,9 +32,18 @@ def admin_password_change_urls(site=None) -> list:
                  name="pilot_password_change")]
 
 
+# The probe views, made once: ProbeMiddleware finds their paths by these very
+# objects, so a project's own route of the same name or path is never served
+# in their place.
+healthz_view = HealthzView.as_view()
+readyz_view = ReadyzView.as_view()
+PROBE_VIEWS = (healthz_view, readyz_view, metrics_view)
+
+
 def probe_urls(prefix: str = "") -> list:
-    """Liveness, readiness and the Prometheus scrape, named `healthz`, `readyz`
-    and `metrics` (ProbeMiddleware serves these names whatever the Host)."""
-    return [path(f"{prefix}healthz", HealthzView.as_view(), name="healthz"),
-            path(f"{prefix}readyz", ReadyzView.as_view(), name="readyz"),
-            path(f"{prefix}metrics", metrics_view, name="metrics")]
+    """Liveness, readiness and the Prometheus scrape, named `pilot_healthz`,
+    `pilot_readyz` and `pilot_metrics` (prefixed: a project's own `metrics` route
+    keeps its name). ProbeMiddleware serves these views whatever the Host."""
+    return [path(f"{prefix}healthz", healthz_view, name="pilot_healthz"),
+            path(f"{prefix}readyz", readyz_view, name="pilot_readyz"),
+            path(f"{prefix}metrics", metrics_view, name="pilot_metrics")]

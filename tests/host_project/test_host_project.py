@@ -225,6 +225,72 @@ def test_the_wheel_runs_inside_a_host_project(host):
             if server is not None:
                 server.stop()
 
+    # Uninstalling: the operators group PILOT created goes with it.
+    run([*manage, "migrate", "workflows", "zero", "--noinput"], cwd=project, env=env)
+    left = run([*manage, "shell", "-c", "from django.contrib.auth.models import Group; "
+                "print('groups:', list(Group.objects.values_list('name', flat=True)))"],
+               cwd=project, env=env)
+    assert "groups: []" in left, left
+
+
+def test_a_host_with_email_logins_its_own_operators_group_and_the_api_deeper(host):
+    """A host whose user model has no `username` (USERNAME_FIELD = "email"),
+    which had an `operators` group before PILOT, and mounts the API at
+    /tools/pilot/api/: every account PILOT makes works (API client, CLI and
+    scheduler owners), pilot-client reaches the API there, and
+    `migrate workflows zero` leaves the host's group as it was."""
+    from pilot_client import PilotClient
+
+    project, python, env = host
+    env = {**env, "DJANGO_SETTINGS_MODULE": "hostsite.settings_people"}
+    manage = [python, "manage.py"]
+
+    def shell(code: str) -> str:
+        return run([*manage, "shell", "-c", code], cwd=project, env=env)
+
+    run([*manage, "migrate", "people", "--noinput"], cwd=project, env=env)
+    shell("from django.contrib.auth.models import Group, Permission; "
+          "from people.models import User; "
+          "g = Group.objects.create(name='operators'); "
+          "g.permissions.add(Permission.objects.get(codename='change_user')); "
+          "User.objects.create_user('ops@shop.example').groups.add(g)")
+    run([*manage, "migrate", "--noinput"], cwd=project, env=env)
+    token = re.search(r"token (pilot_\S+)",
+                      run([*manage, "create_api_client", "shop-backend"], cwd=project,
+                          env=env)).group(1)
+    cli = run([*manage, "trigger_workflow", "shop.receipt", "--key", "cli-1", "--payload",
+               '{"email": "a@example.com", "items": [{"price": 2}]}'], cwd=project, env=env)
+    assert "owner cli" in cli, cli
+    assert "owner: scheduler" in shell(
+        "from workflows.accounts import scheduler_owner_get; "
+        "print('owner:', scheduler_owner_get().get_username())")
+
+    port = free_port()
+    web = Server(python, project, env, "web-people",
+                 ["runserver", "--noreload", "--nothreading", f"127.0.0.1:{port}"])
+    try:
+        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/ops/healthz"), 60,
+                   what="the host's runserver")
+        with PilotClient(f"http://127.0.0.1:{port}/tools/pilot/api", token) as pilot:
+            run_ = pilot.trigger("shop.receipt", {"email": "b@example.com",
+                                                  "items": [{"price": 5}]}, key="order-1")
+            assert (run_.status, run_.task.workflow) == (202, "shop.receipt")
+            assert pilot.get(run_.task_id).idempotency_key == "order-1"
+    except BaseException:
+        sys.stderr.write(web.log()[-4000:])
+        raise
+    finally:
+        web.stop()
+
+    run([*manage, "migrate", "workflows", "zero", "--noinput"], cwd=project, env=env)
+    kept = shell("import json; from django.contrib.auth.models import Group; "
+                 "g = Group.objects.get(name='operators'); "
+                 "print('kept:', json.dumps(["
+                 "list(g.permissions.values_list('codename', flat=True)), "
+                 "list(g.user_set.values_list('email', flat=True))]))")
+    assert json.loads(re.search(r"kept: (.*)", kept).group(1)) == \
+        [["change_user"], ["ops@shop.example"]]
+
 
 def _answers(url: str) -> bool:
     try:
@@ -247,7 +313,8 @@ def test_the_host_projects_default_cluster_keeps_django_q2s_defaults(host):
         "from django.test import override_settings; from django.conf import settings; "
         "from workflows.checks import pilot_execution_settings as c; "
         "ok = [e.id for e in c(None)]; "
-        "q = {**settings.Q_CLUSTER, 'ALT_CLUSTERS': {'pilot': {'timeout': 300, 'retry': 60}}}; "
+        "q = {**settings.Q_CLUSTER, 'ALT_CLUSTERS': "
+        "{settings.PILOT_Q_CLUSTER_NAME: {'timeout': 300, 'retry': 60}}}; "
         "bad = override_settings(Q_CLUSTER=q); bad.enable(); "
         "broken = [e.id for e in c(None)]; bad.disable(); "
         "q = {k: v for k, v in settings.Q_CLUSTER.items() if k != 'ALT_CLUSTERS'}; "

@@ -1,5 +1,5 @@
 import pytest
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, Permission
 
 from tests.support.migrated import OPERATORS_MIGRATIONS, rebuild
 
@@ -22,3 +22,35 @@ def test_the_operators_group_can_view_cancel_retry_trigger_schedule_resend_and_s
                            "workflows.view_all_tasks", "workflows.resend_webhook",
                            "workflows.signal_task"])
     assert not user.has_perm("workflows.change_task")
+
+
+def test_reversing_the_migrations_keeps_a_hosts_own_operators_group_and_its_members(
+        django_user_model):
+    """A host that had an `operators` group before PILOT: `migrate workflows zero`
+    takes back PILOT's permissions only; the group, its member and its own
+    permission stay (docs/embedding.md, "Uninstalling")."""
+    from tests.support.migrated import unbuild
+
+    Group.objects.filter(name="operators").delete()
+    own = Permission.objects.get(codename="change_user", content_type__app_label="auth")
+    group = Group.objects.create(name="operators")
+    group.permissions.add(own)
+    member = django_user_model.objects.create_user("host-op")
+    member.groups.add(group)
+    rebuild(*OPERATORS_MIGRATIONS)
+    assert group.permissions.count() == 13  # PILOT's twelve were added to it
+    unbuild(*OPERATORS_MIGRATIONS)
+    group = Group.objects.get(pk=group.pk)
+    assert list(group.permissions.all()) == [own]
+    assert list(group.user_set.all()) == [member]
+
+
+def test_reversing_the_migrations_deletes_the_operators_group_pilot_created():
+    from tests.support.migrated import unbuild
+
+    Group.objects.filter(name="operators").delete()
+    rebuild(*OPERATORS_MIGRATIONS)
+    group = Group.objects.get(name="operators")
+    group.permissions.add(Permission.objects.get(codename="view_user"))  # an operator's own grant
+    unbuild(*OPERATORS_MIGRATIONS)
+    assert not Group.objects.filter(name="operators").exists()

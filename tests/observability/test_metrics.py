@@ -129,6 +129,21 @@ def test_a_token_when_configured_is_required(settings):
     scrape(HTTP_AUTHORIZATION="Bearer s3cret-scrape-token")
 
 
+def test_without_a_token_metrics_are_closed_unless_debug_or_opened_on_purpose(settings):
+    """Outside `make run` (DEBUG) a project that set no token gets a 403 naming
+    both ways out; PILOT_METRICS_PUBLIC opens it (the suite's own setting)."""
+    settings.PILOT_METRICS_TOKEN = None
+    settings.PILOT_METRICS_PUBLIC = False
+    closed = Client().get("/metrics")
+    assert closed.status_code == 403
+    assert b"PILOT_METRICS_TOKEN" in closed.content and b"PILOT_METRICS_PUBLIC" in closed.content
+    settings.DEBUG = True
+    scrape()
+    settings.DEBUG = False
+    settings.PILOT_METRICS_PUBLIC = True
+    scrape()
+
+
 def test_only_get_is_allowed():
     assert Client().post("/metrics").status_code == 405
 

@@ -23,6 +23,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SCRAPE_TOKEN = "gunicorn-test-scrape-token"
+
+
 def get(port, path, **headers):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     conn.request("GET", path, headers={"Host": "pilot.example.com", **headers})
@@ -37,7 +40,8 @@ def web(tmp_path):
     port = free_port()
     env = production_env(DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3",
                          DJANGO_STATIC_ROOT=str(tmp_path / "static"), PORT=str(port),
-                         PILOT_BIND_HOST="127.0.0.1", WEB_CONCURRENCY="2")
+                         PILOT_BIND_HOST="127.0.0.1", WEB_CONCURRENCY="2",
+                         PILOT_METRICS_TOKEN=SCRAPE_TOKEN)
     env.pop("REDIS_URL")
     for args in (["migrate", "-v0"], ["createcachetable"], ["collectstatic", "--noinput", "-v0"]):
         subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True,
@@ -76,7 +80,8 @@ def test_gunicorn_serves_hashed_static_files_and_metrics_behind_a_tls_proxy(web)
     assert response.status == 200
     assert response.getheader("Strict-Transport-Security") == "max-age=31536000"
     assert "Secure" in response.getheader("Set-Cookie")
-    response, body = get(port, "/metrics")
+    # Production without a token would answer 403 (workflows/observability/views.py).
+    response, body = get(port, "/metrics", Authorization=f"Bearer {SCRAPE_TOKEN}")
     assert response.status == 200
     assert b'pilot_tasks{state="pending"} 0.0' in body
     assert b"pilot_database_up 1.0" in body

@@ -10,6 +10,8 @@ with the migrations' own forward functions first.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from django.db import connection
 from django.db.migrations.loader import MigrationLoader
 from django.db.migrations.operations import RunPython
@@ -24,9 +26,22 @@ def rebuild(*names: str, app: str = "workflows") -> None:
     the models as of the last of them (what they touch -- auth, contenttypes and
     django_q's models -- is the same at each). The caller first deletes the rows,
     as a reverse migration would."""
+    _run(names, app=app, backwards=False)
+
+
+def unbuild(*names: str, app: str = "workflows") -> None:
+    """Runs the reverse functions of those RunPython operations, last first, as
+    `migrate app <before names[0]>` would."""
+    _run(names, app=app, backwards=True)
+
+
+def _run(names, *, app, backwards):
     loader = MigrationLoader(connection)
     apps = loader.project_state((app, names[-1])).apps
-    for name in names:
-        for operation in loader.get_migration(app, name).operations:
-            if isinstance(operation, RunPython):
-                operation.code(apps, None)
+    # Data migrations use only the schema editor's connection.
+    editor = SimpleNamespace(connection=connection)
+    operations = [operation for name in names
+                  for operation in loader.get_migration(app, name).operations
+                  if isinstance(operation, RunPython)]
+    for operation in reversed(operations) if backwards else operations:
+        (operation.reverse_code if backwards else operation.code)(apps, editor)

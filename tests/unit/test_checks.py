@@ -1,3 +1,5 @@
+import os
+
 import pytest
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
@@ -135,6 +137,59 @@ def test_each_missing_middleware_and_the_lockout_backend_is_a_named_warning():
     assert installation_ids(
         AUTHENTICATION_BACKENDS=["django.contrib.auth.backends.ModelBackend"]) == ["pilot.W023"]
     assert installation_ids(MIDDLEWARE=bare, DEBUG=True)[-1] == "pilot.W024"
+
+
+def test_without_the_login_guard_app_its_pieces_are_not_asked_for():
+    from django.test import modify_settings
+
+    bare = ["django.contrib.sessions.middleware.SessionMiddleware",
+            "django.contrib.auth.middleware.AuthenticationMiddleware"]
+    with modify_settings(INSTALLED_APPS={"remove": ["workflows.login_guard"]}):
+        assert installation_ids(
+            MIDDLEWARE=bare, AUTHENTICATION_BACKENDS=["django.contrib.auth.backends.ModelBackend"]
+        ) == ["pilot.W020", "pilot.W021"]
+        # The backend alone would lock nobody out: no failure is counted.
+        assert installation_ids() == ["pilot.W026"]
+
+
+def test_a_project_without_the_login_guard_app_counts_no_login():
+    """The receivers are connected by the opt-in app only: a host without it
+    (django-axes, say) has none of its logins reach PILOT's cache."""
+    import subprocess
+    import sys
+
+    from tests.support.procs import ROOT
+
+    script = ("import django; django.setup(); "
+              "from django.contrib.auth.signals import user_logged_in, user_login_failed; "
+              "print([len(s.receivers) for s in (user_login_failed, user_logged_in)])")
+    counts = {}
+    for module in ("tests.settings", "tests.unit.settings_no_login_guard"):
+        done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                              text=True, timeout=60,
+                              env={**os.environ, "DJANGO_SETTINGS_MODULE": module})
+        assert done.returncode == 0, done.stderr
+        counts[module] = done.stdout.strip().splitlines()[-1]
+    # user_logged_in keeps Django's own update_last_login either way.
+    assert list(counts.values()) == ["[1, 2]", "[0, 1]"], counts
+
+
+def test_a_redis_queue_under_the_default_name_every_project_shares_is_a_warning(settings):
+    from workflows.checks import pilot_queue_per_project
+
+    host = {"name": "mysite", "redis": "redis://127.0.0.1:6379/0", "timeout": 60, "retry": 90,
+            "ALT_CLUSTERS": {"pilot": {"timeout": 300, "retry": 360, "max_attempts": 1,
+                                       "ack_failures": True, "save_limit": -1}}}
+    del settings.PILOT_Q_CLUSTER_NAME
+    settings.Q_CLUSTER = host
+    [warning] = pilot_queue_per_project(None)
+    assert warning.id == "pilot.W027" and "django_q:pilot:q" in warning.msg
+    assert "'mysite-pilot'" in warning.hint
+    settings.Q_CLUSTER = {**host, "redis": None, "orm": "default"}  # a queue per database
+    assert pilot_queue_per_project(None) == []
+    settings.Q_CLUSTER = host
+    settings.PILOT_Q_CLUSTER_NAME = "pilot"  # chosen, not defaulted
+    assert pilot_queue_per_project(None) == []
 
 
 def test_a_missing_required_app_is_an_error():

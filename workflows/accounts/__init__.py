@@ -14,7 +14,8 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
-from django.db import transaction
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -28,6 +29,41 @@ from workflows.webhooks.targets import target_validate
 
 class ApiClientRefused(Exception):
     """`api_client_create` will not attach a token to this account."""
+
+
+class OwnerUnavailable(LookupError):
+    """The host's user model cannot hold one of PILOT's accounts by name alone
+    (a required field without a default): the message says which model and why."""
+
+
+def user_by_name_filter(name: str) -> dict[str, str]:
+    """The lookup for the account called `name` in the host's user model: its
+    USERNAME_FIELD (`username`, or `email` on an email-login model)."""
+    return {get_user_model().USERNAME_FIELD: name}
+
+
+def _user_ensure(name: str, **defaults):
+    """(user, created) for the account `name` of the host's user model, by its
+    USERNAME_FIELD; a new one gets no usable password. OwnerUnavailable when
+    the model will not take a row from its name alone (a required field of the
+    host's own), instead of the database's error."""
+    User = get_user_model()
+    fields = {f.name for f in User._meta.get_fields()}
+    try:
+        with transaction.atomic():
+            user, created = User.objects.get_or_create(
+                **user_by_name_filter(name),
+                defaults={k: v for k, v in defaults.items() if k in fields})
+            if created:
+                user.set_unusable_password()
+                user.save(update_fields=["password"])
+    except (IntegrityError, ValidationError, TypeError, ValueError) as exc:
+        label = User._meta.label
+        raise OwnerUnavailable(
+            f"cannot create the account {name!r} in {label} (found by "
+            f"{User.USERNAME_FIELD}): {exc}. Create it yourself with the fields {label} "
+            "requires, then run this again.") from None
+    return user, created
 
 
 def is_system_owner(user) -> bool:
@@ -52,22 +88,18 @@ def api_client_create(name: str, *, rotate: bool = False, allow_staff: bool = Fa
     (first call, or `rotate=True`: see `api_token_issue` for what becomes of
     the old one, `overlap` and `expires_in`), and None when the existing token
     was kept: only its hash is stored, so it can be shown once, never again."""
-    User = get_user_model()
     if name in SYSTEM_OWNERS:
         raise ApiClientRefused(
             f"{name!r} is one of PILOT's own owners (the runs the CLI and the schedules "
             "start belong to it): a token would read every one of them. Choose another NAME.")
     with transaction.atomic():
-        user, created = User.objects.get_or_create(username=name)
+        user, created = _user_ensure(name)
         if not created and (user.is_staff or user.is_superuser) and not allow_staff:
             kind = "a superuser" if user.is_superuser else "a staff account"
             raise ApiClientRefused(
                 f"{name!r} is {kind}: a token would act with all of its permissions. "
                 "Choose another NAME for the upstream system, or pass --allow-staff if "
                 "this is really meant.")
-        if created:
-            user.set_unusable_password()
-            user.save(update_fields=["password"])
         # Trigger, and signal its own tasks (docs/waiting.md).
         user.user_permissions.add(*Permission.objects.filter(
             codename__in=("add_task", "signal_task"), content_type__app_label="workflows"))
@@ -227,11 +259,9 @@ def api_client_scope(user) -> list[str]:
 def local_admin_ensure(username: str = "admin") -> tuple[object, str]:
     """Create (or reset) a superuser for a local run with a fresh random password,
     returned so it can be printed."""
-    User = get_user_model()
     password = secrets.token_urlsafe(12)
     with transaction.atomic():
-        user, _ = User.objects.get_or_create(username=username,
-                                             defaults={"email": f"{username}@localhost"})
+        user, _ = _user_ensure(username, email=f"{username}@localhost")
         user.is_staff = user.is_superuser = user.is_active = True
         user.set_password(password)
         user.save()
@@ -250,13 +280,9 @@ def cli_owner_get(username: str | None = None):
     LookupError if there is none."""
     User = get_user_model()
     if username is None:
-        user, created = User.objects.get_or_create(username=CLI_OWNER)
-        if created:
-            user.set_unusable_password()
-            user.save(update_fields=["password"])
-        return user
+        return _user_ensure(CLI_OWNER)[0]
     try:
-        return User.objects.get(username=username)
+        return User.objects.get(**user_by_name_filter(username))
     except User.DoesNotExist:
         raise LookupError(f"no user named {username!r}") from None
 
@@ -286,12 +312,8 @@ def scheduler_owner_get(username: str | None = None):
     own task list); raises LookupError if there is none."""
     User = get_user_model()
     if username is None or username == SCHEDULER_OWNER:
-        user, created = User.objects.get_or_create(username=SCHEDULER_OWNER)
-        if created:
-            user.set_unusable_password()
-            user.save(update_fields=["password"])
-        return user
+        return _user_ensure(SCHEDULER_OWNER)[0]
     try:
-        return User.objects.get(username=username)
+        return User.objects.get(**user_by_name_filter(username))
     except User.DoesNotExist:
         raise LookupError(f"no user named {username!r}") from None

@@ -59,15 +59,17 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib.auth.backends import BaseBackend, ModelBackend
-from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.core import signing
-from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
-from django.dispatch import receiver
 
 from workflows.conf import pilot_settings
 from workflows.observability.events import Event, emit
-from workflows.observability.shared_cache import CacheFailure, cache_soft, cache_strict
+from workflows.observability.shared_cache import (
+    CacheFailure,
+    cache,
+    cache_soft,
+    cache_strict,
+)
 
 _PREFIX = "pilot:login:"
 DEVICE_COOKIE = "pilot_login_device"
@@ -303,16 +305,15 @@ def _refuse(request, reason: str, seconds: float):
     raise PermissionDenied("login refused: " + reason)
 
 
-@receiver(user_login_failed, dispatch_uid="pilot.login_guard.failed")
-def _on_login_failed(sender, credentials, request=None, **kwargs):
+# Connected by the opt-in app workflows.login_guard (its ready()), never on import.
+def on_login_failed(sender, credentials, request=None, **kwargs):
     username = credentials.get("username")
     if username is not None and not getattr(request, "pilot_login_refused", None):
         login_failure_record(username=username, ip=client_ip(request),
                              device=device_for(request, username))
 
 
-@receiver(user_logged_in, dispatch_uid="pilot.login_guard.succeeded")
-def _on_logged_in(sender, request, user, **kwargs):
+def on_logged_in(sender, request, user, **kwargs):
     if request is None:
         return
     username = user.get_username()

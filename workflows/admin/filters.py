@@ -30,7 +30,7 @@ class WorkflowFilter(admin.SimpleListFilter):
 
 class OwnerFilter(admin.SimpleListFilter):
     """Users that own at least one task (an EXISTS per user on
-    task_owner_created_idx, instead of a DISTINCT over every task).
+    pilot_task_owner_created_idx, instead of a DISTINCT over every task).
 
     Only for holders of `workflows.view_all_tasks`: everyone else sees only
     their own tasks, so the filter would offer nothing but a list of other
@@ -42,9 +42,11 @@ class OwnerFilter(admin.SimpleListFilter):
     def lookups(self, request, model_admin):
         if not can_view_all(request.user):
             return []
-        owners = (get_user_model().objects
+        users = get_user_model()
+        name = users.USERNAME_FIELD  # `username`, or the host's own (`email`)
+        owners = (users.objects
                   .filter(Exists(Task.objects.filter(owner=OuterRef("pk"))))
-                  .order_by("username").values_list("pk", "username")[:MAX_OWNERS])
+                  .order_by(name).values_list("pk", name)[:MAX_OWNERS])
         return [(str(pk), username) for pk, username in owners]
 
     def queryset(self, request, queryset):

@@ -24,7 +24,7 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 from django.utils.html import format_html
 
-from workflows.accounts import SCHEDULER_OWNER, scheduler_owner_get
+from workflows.accounts import SCHEDULER_OWNER, scheduler_owner_get, user_by_name_filter
 from workflows.admin.forms import PayloadField
 from workflows.admin.guard import GuardedChangelist
 from workflows.engine import (
@@ -183,15 +183,19 @@ class PilotScheduleAdmin(GuardedChangelist, admin.ModelAdmin):
 
     def _set_enabled(self, request, queryset, enabled: bool):
         if not may_choose_owner(request.user):
-            held = queryset.exclude(owner__username=SCHEDULER_OWNER)
+            held = queryset.exclude(**_owned_by_scheduler())
             if held.exists():
                 self.message_user(request, "Left as they are (they run as another user; "
                                   f"{OWNER_PERMISSION} is needed): "
                                   f"{', '.join(held.values_list('name', flat=True))}",
                                   messages.WARNING)
-            queryset = queryset.filter(owner__username=SCHEDULER_OWNER)
+            queryset = queryset.filter(**_owned_by_scheduler())
         names = list(queryset.values_list("name", flat=True))
         for name in names:
             schedule_set_enabled(name=name, enabled=enabled)
         self.message_user(request, f"{'Resumed' if enabled else 'Paused'} {len(names)} "
                                    f"schedule(s): {', '.join(names)}", messages.SUCCESS)
+
+
+def _owned_by_scheduler() -> dict[str, str]:
+    return {f"owner__{k}": v for k, v in user_by_name_filter(SCHEDULER_OWNER).items()}

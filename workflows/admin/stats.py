@@ -32,8 +32,8 @@ class ActivityBucket:
 def activity_per_hour(now: datetime, *, hours: int = 24) -> list[ActivityBucket]:
     """Triggers (tasks created), replays (duplicate triggers absorbed), successes,
     failures and retries per UTC hour, oldest first, the last bucket being the
-    current hour. Three queries, on task_created_idx, replay_at_idx and
-    transition_at_idx."""
+    current hour. Three queries, on pilot_task_created_idx, pilot_replay_at_idx and
+    pilot_transition_at_idx."""
     current = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     first = current - timedelta(hours=hours - 1)
     buckets = {first + timedelta(hours=i): ActivityBucket(first + timedelta(hours=i))
@@ -64,14 +64,14 @@ def activity_per_hour(now: datetime, *, hours: int = 24) -> list[ActivityBucket]
 def tasks_past_lease(now: datetime, *, limit: int = 20) -> list[Task]:
     """Running or cancelling tasks whose lease has expired (the worker is gone or
     stuck; the dispatcher should recover them within a poll), longest overdue
-    first. Index: task_lease_expiry_idx."""
+    first. Index: pilot_task_lease_expiry_idx."""
     return list(Task.objects.expired_leases(now).select_related("owner")
                 .defer("payload", "result", "error").order_by("lease_expires_at")[:limit])
 
 
 def tasks_oldest_pending(*, limit: int = 10) -> list[Task]:
     """Pending tasks, oldest first: a long wait here means no worker is taking
-    work. Index: task_state_created_idx."""
+    work. Index: pilot_task_state_created_idx."""
     return list(Task.objects.filter(state=TaskState.PENDING).select_related("owner")
                 .defer("payload", "result", "error").order_by("created_at")[:limit])
 
@@ -89,7 +89,7 @@ def workflows_top_failing(now: datetime, *, since: timedelta = timedelta(hours=2
                           limit: int = 10) -> list[dict]:
     """Workflows with the most tasks that ended `failed` in the window, with the
     latest such task and its error. Two queries: the groups with each one's
-    latest task id (task_finished_idx narrows to the window), then those tasks'
+    latest task id (pilot_task_finished_idx narrows to the window), then those tasks'
     errors by primary key."""
     failed = Task.objects.filter(state=TaskState.FAILED, finished_at__gte=now - since)
     latest = failed.filter(workflow=OuterRef("workflow")).order_by("-finished_at")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 
 from workflows.accounts import client_webhook_check, client_webhook_ensure
@@ -41,9 +42,13 @@ class ClientWebhookForm(forms.ModelForm):
 class ClientWebhookAdmin(GuardedChangelist, admin.ModelAdmin):
     form = ClientWebhookForm
     list_display = ["owner", "url", "updated_at"]
-    search_fields = ["owner__username", "url"]
+    search_fields = ["url"]  # and the owner's name: get_search_fields
     readonly_fields = ["owner", "secret_state", "created_at", "updated_at"]
     fields = ["owner", "url", "secret_state", "created_at", "updated_at"]
+
+    def get_search_fields(self, request):
+        # The host's user model names its accounts by its USERNAME_FIELD (`email`...).
+        return [f"owner__{get_user_model().USERNAME_FIELD}", *self.search_fields]
 
     @admin.display(description="signing secret")
     def secret_state(self, obj):

@@ -84,7 +84,7 @@ def pilot_urlconf() -> list:
 
     patterns = [path(api_prefix(), include("workflows.api.urls"))]
     for name, view in (("healthz", HealthzView), ("readyz", ReadyzView)):
-        mounted = _mounted(name)
+        mounted = _mounted(f"pilot_{name}")
         if mounted is not None:
             patterns.append(path(mounted, view.as_view(), name=name))
     return patterns

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import re
 
+from drf_spectacular.serializers import PolymorphicProxySerializerExtension
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema_field,
+)
 from rest_framework import serializers
 
 from workflows.api.serializers import (
@@ -146,6 +152,17 @@ class TaskPageDoc(serializers.Serializer):
     results = TaskSerializer(many=True)
 
 
+@extend_schema_field({"type": "object", "additionalProperties": {}},
+                     component_name="AnyPayload")
+class AnyPayloadField(serializers.DictField):
+    """The payload of a workflow without a payload serializer: any JSON object.
+    A named component, not an object written inline in each trigger shape:
+    openapi-python-client names an inline object after the shape that holds
+    it, and with one workflow (a one-member oneOf) it builds that name twice,
+    refuses the duplicate and drops `POST /tasks` from the client it
+    generates (tests/api/test_schema.py)."""
+
+
 _trigger_shapes: dict = {}
 
 
@@ -162,7 +179,7 @@ def trigger_shapes() -> dict:
             if workflow.payload_serializer is not None:
                 payload = workflow.payload_serializer(help_text=f"Input of {workflow.name}.")
             else:
-                payload = serializers.DictField(required=False, help_text="Any JSON object.")
+                payload = AnyPayloadField(required=False, help_text="Any JSON object.")
             title = "".join(part.title() for part in re.split(r"[._]", workflow.name))
             shapes[workflow.name] = type(f"Trigger{title}", (serializers.Serializer,), {
                 "workflow": serializers.ChoiceField(choices=[workflow.name]),
@@ -181,9 +198,29 @@ def trigger_shapes() -> dict:
     return _trigger_shapes[names]
 
 
-TRIGGER_REQUEST = PolymorphicProxySerializer(component_name="Trigger",
-                                             serializers=trigger_shapes,
-                                             resource_type_field_name="workflow")
+class _TriggerShapes(PolymorphicProxySerializer):
+    """The trigger body: one shape per workflow registered *now*. drf-spectacular
+    calls a `serializers` callable once and keeps its answer for the life of the
+    process, so a workflow registered after the first schema was served (or
+    one unregistered) would be described wrongly ever after."""
+
+    @property
+    def serializers(self):
+        return trigger_shapes()
+
+    @serializers.setter
+    def serializers(self, value):
+        self._serializers = value
+
+
+class _TriggerShapesExtension(PolymorphicProxySerializerExtension):
+    # drf-spectacular picks an extension by the exact class: the proxy's own,
+    # for this subclass too.
+    target_class = "workflows.api.schema._TriggerShapes"
+
+
+TRIGGER_REQUEST = _TriggerShapes(component_name="Trigger", serializers=trigger_shapes,
+                                 resource_type_field_name="workflow")
 
 
 def strict_request_bodies(result, generator, request, public):
@@ -247,3 +284,19 @@ SIGNAL_KEY = OpenApiParameter(
     "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True,
     description=f"The signal's key, scoped to the task: 1-{MAX_KEY_LENGTH} visible ASCII "
                 "characters (bare or an RFC 8941 quoted string).")
+
+
+def exclude_pilot_endpoints(endpoints, **kwargs):
+    """drf-spectacular preprocessing hook for a host project's own schema: leave
+    PILOT's endpoints out of it (docs/embedding.md, "Names"). Without it the
+    host's schema lists PILOT's routes and components beside its own, and a
+    host serializer named like one of PILOT's (`TaskSerializer`) collides with
+    it. PILOT's API keeps its own schema at its own `schema` route.
+
+        SPECTACULAR_SETTINGS = {"PREPROCESSING_HOOKS": [
+            "workflows.api.schema.exclude_pilot_endpoints"]}"""
+    from workflows.api.base import PilotAPIView
+
+    return [(path, regex, method, callback) for path, regex, method, callback in endpoints
+            if not issubclass(getattr(callback, "cls", object), PilotAPIView)]
+

@@ -25,14 +25,14 @@ import re
 import time
 from dataclasses import dataclass
 
-from django.core.cache import cache, caches
+from django.core.cache import caches
 from django.core.cache.backends.redis import RedisCache
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework.exceptions import Throttled
 from rest_framework.throttling import BaseThrottle
 
 from workflows.conf import pilot_settings
-from workflows.observability.shared_cache import cache_guarded
+from workflows.observability.shared_cache import cache, cache_alias, cache_guarded
 
 _PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 RATE_PATTERN = r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)"
@@ -110,7 +110,7 @@ def _consume(prefix: str, cost: int, limit: int, period: int) -> float | None:
     now = time.time()
     window = int(now // period)
     key = f"{prefix}:{window}"
-    backend = caches["default"]  # (`cache` is a proxy to it)
+    backend = caches[cache_alias()]  # (`cache` is a proxy to it)
     if isinstance(backend, RedisCache):
         used = _redis_count(backend, key, cost, period + 1)
     else:

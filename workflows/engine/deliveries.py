@@ -414,7 +414,7 @@ def delivery_resend(*, delivery_id: Any, user: Any, reason: str = "") -> Webhook
         store().deliveries.resend(delivery.pk, now=now, give_up_at=now + give_up_after())
         deliveries_enqueue_on_commit([delivery.message_id], front=True)
         emit_on_commit(Event.WEBHOOK_RESENT, task_id=str(delivery.task_id),
-                       delivery=delivery.message_id, actor=getattr(user, "username", "?"),
+                       delivery=delivery.message_id, actor=user.get_username(),
                        reason=reason[:200] or None)
     delivery.refresh_from_db()
     return delivery

@@ -79,7 +79,7 @@ class Limits:
 
 
 def in_flight(now: datetime) -> QuerySet[WebhookDelivery]:
-    """The attempts in flight at `now` (delivery_claimed_idx)."""
+    """The attempts in flight at `now` (pilot_delivery_claimed_idx)."""
     return WebhookDelivery.objects.filter(claimed_until__isnull=False, claimed_until__gt=now,
                                           state=DeliveryState.PENDING)
 

@@ -19,7 +19,7 @@ class DemoOrder(models.Model):
     class Meta:
         indexes = [
             # Counting a batch's rows: WHERE batch = ?.
-            models.Index(fields=["batch"], name="demoorder_batch_idx"),
+            models.Index(fields=["batch"], name="pilot_demoorder_batch_idx"),
         ]
 
     def __str__(self) -> str:
@@ -38,7 +38,7 @@ class DemoLedger(models.Model):
     class Meta:
         indexes = [
             # A task's effects: WHERE task = ?; cleanup deletes them with the task.
-            models.Index(fields=["task"], name="demoledger_task_idx"),
+            models.Index(fields=["task"], name="pilot_demoledger_task_idx"),
         ]
 
     def __str__(self) -> str:

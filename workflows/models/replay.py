@@ -23,5 +23,5 @@ class TaskReplay(models.Model):  # noqa: DJ008 - log rows, never shown one by on
     class Meta:
         indexes = [
             # Dashboard: duplicates absorbed per hour over the last 24 hours.
-            models.Index(fields=["at"], name="replay_at_idx"),
+            models.Index(fields=["at"], name="pilot_replay_at_idx"),
         ]

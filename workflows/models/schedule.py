@@ -68,7 +68,7 @@ class PilotSchedule(models.Model):
         indexes = [
             # The scheduler's scan: enabled AND next_slot_at <= now, oldest first;
             # and min(next_slot_at) for how long it may sleep.
-            models.Index(fields=["next_slot_at"], name="schedule_due_idx",
+            models.Index(fields=["next_slot_at"], name="pilot_schedule_due_idx",
                          condition=Q(enabled=True)),
         ]
 

@@ -84,7 +84,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
 
 class Task(ConcurrentTransitionMixin, models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    # Indexed through task_owner_key_uniq and task_owner_created_idx.
+    # Indexed through task_owner_key_uniq and pilot_task_owner_created_idx.
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
                               related_name="pilot_tasks", db_index=False)
     # The key rule: workflows.rules.keys.
@@ -152,18 +152,18 @@ class Task(ConcurrentTransitionMixin, models.Model):
         ]
         indexes = [
             # GET /api/v1/tasks for one client, newest first (cursor pagination).
-            models.Index(fields=["owner", "-created_at"], name="task_owner_created_idx"),
+            models.Index(fields=["owner", "-created_at"], name="pilot_task_owner_created_idx"),
             # Admin list and dashboard: filter by state, newest first; counts by state.
-            models.Index(fields=["state", "-created_at"], name="task_state_created_idx"),
+            models.Index(fields=["state", "-created_at"], name="pilot_task_state_created_idx"),
             # Admin/API filter by workflow, newest first.
-            models.Index(fields=["workflow", "-created_at"], name="task_workflow_created_idx"),
+            models.Index(fields=["workflow", "-created_at"], name="pilot_task_wf_created_idx"),
             # Admin default ordering, date hierarchy, dashboard triggers per hour.
-            models.Index(fields=["-created_at"], name="task_created_idx"),
+            models.Index(fields=["-created_at"], name="pilot_task_created_idx"),
             # The queue: workers claim the next due task (state IN pending/retrying AND
             # next_attempt_at <= now ORDER BY next_attempt_at ... SKIP LOCKED); the
             # dispatcher finds due retries and phases (compensating/cancelling) and the
             # next one due.
-            models.Index(fields=["next_attempt_at"], name="task_due_idx",
+            models.Index(fields=["next_attempt_at"], name="pilot_task_due_idx",
                          condition=Q(state__in=[S.PENDING, S.RETRYING,
                                                 *COMPENSATION_STATES])),
             # The queue in claim order: the highest priority first, then the oldest due.
@@ -176,16 +176,16 @@ class Task(ConcurrentTransitionMixin, models.Model):
                          condition=Q(state=S.WAITING)),
             # Dispatcher: expired leases (state IN running/compensating/cancelling AND
             # lease_expires_at < now).
-            models.Index(fields=["lease_expires_at"], name="task_lease_expiry_idx",
+            models.Index(fields=["lease_expires_at"], name="pilot_task_lease_expiry_idx",
                          condition=Q(state__in=LEASED_STATES)),
             # Dispatcher: pending tasks whose enqueue may be lost (enqueued_at < now - 10 s).
-            models.Index(fields=["enqueued_at"], name="task_pending_enqueued_idx",
+            models.Index(fields=["enqueued_at"], name="pilot_task_pending_enq_idx",
                          condition=Q(state=S.PENDING)),
             # cleanup_tasks default: finished tasks with expires_at <= now.
-            models.Index(fields=["expires_at"], name="task_expires_idx",
+            models.Index(fields=["expires_at"], name="pilot_task_expires_idx",
                          condition=Q(expires_at__isnull=False)),
             # cleanup_tasks --older-than: finished tasks with finished_at < cutoff.
-            models.Index(fields=["finished_at"], name="task_finished_idx",
+            models.Index(fields=["finished_at"], name="pilot_task_finished_idx",
                          condition=Q(finished_at__isnull=False)),
         ]
         permissions = [

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 
 class TaskTransition(models.Model):
-    # Indexed through transition_task_at_idx.
+    # Indexed through pilot_transition_task_at_idx.
     task = models.ForeignKey("workflows.Task", on_delete=models.CASCADE,
                              related_name="transitions", db_index=False)
     transition = models.CharField(max_length=30)
@@ -24,9 +24,9 @@ class TaskTransition(models.Model):
         ordering = ["task", "at", "id"]
         indexes = [
             # A task's history, oldest first (admin inline, API).
-            models.Index(fields=["task", "at"], name="transition_task_at_idx"),
+            models.Index(fields=["task", "at"], name="pilot_transition_task_at_idx"),
             # Dashboard: transitions per hour over the last 24 hours.
-            models.Index(fields=["at"], name="transition_at_idx"),
+            models.Index(fields=["at"], name="pilot_transition_at_idx"),
         ]
 
     def __str__(self) -> str:

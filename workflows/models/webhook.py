@@ -77,7 +77,7 @@ class WebhookDelivery(models.Model):
     task = models.ForeignKey("workflows.Task", on_delete=models.DO_NOTHING,
                              db_constraint=False, related_name="deliveries")
     # The task's owner, copied at insert. No index of its own: the counts by
-    # owner read only the rows in flight (delivery_claimed_idx).
+    # owner read only the rows in flight (pilot_delivery_claimed_idx).
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
                               related_name="+", db_index=False)
     traceparent = models.CharField(max_length=55, blank=True, default="", db_default="")
@@ -128,26 +128,26 @@ class WebhookDelivery(models.Model):
         indexes = [
             # Dispatcher: pending deliveries that are due (next_attempt_at <= now),
             # unclaimed, needing a message.
-            models.Index(fields=["next_attempt_at"], name="delivery_due_idx",
+            models.Index(fields=["next_attempt_at"], name="pilot_delivery_due_idx",
                          condition=Q(state=DeliveryState.PENDING)),
             # The caps: the attempts in flight (claimed_until > now) by owner and
             # by endpoint — a claim's exact count and the dispatcher's slots. Only
             # claimed rows: a record sets claimed_until back to NULL.
-            models.Index(fields=["claimed_until"], name="delivery_claimed_idx",
+            models.Index(fields=["claimed_until"], name="pilot_delivery_claimed_idx",
                          condition=Q(claimed_until__isnull=False)),
             # The caps: pending deliveries whose message is on its way (it will
             # try for a slot first) — the dispatcher's slots.
-            models.Index(fields=["enqueued_at"], name="delivery_sent_idx",
+            models.Index(fields=["enqueued_at"], name="pilot_delivery_sent_idx",
                          condition=Q(enqueued_at__isnull=False, state=DeliveryState.PENDING)),
             # A sender handing its freed slot on: the due deliveries owed a message
             # (a claim refused for a slot, a retry) of its client, of its endpoint.
-            models.Index(fields=["owner", "next_attempt_at"], name="delivery_owed_owner_idx",
+            models.Index(fields=["owner", "next_attempt_at"], name="pilot_delivery_owed_owner_idx",
                          condition=Q(enqueued_at__isnull=True, state=DeliveryState.PENDING)),
             models.Index(fields=["endpoint", "next_attempt_at"],
-                         name="delivery_owed_endpoint_idx",
+                         name="pilot_delivery_owed_ep_idx",
                          condition=Q(enqueued_at__isnull=True, state=DeliveryState.PENDING)),
             # Cleanup: deliveries whose task is gone (to remove once they ended).
-            models.Index(fields=["id"], name="delivery_detached_idx",
+            models.Index(fields=["id"], name="pilot_delivery_detached_idx",
                          condition=Q(detached_at__isnull=False)),
         ]
 
@@ -180,7 +180,7 @@ class WebhookEndpoint(models.Model):
         indexes = [
             # The dispatcher's slots, every pass: the endpoints paused or probing
             # (both have failures > 0; a success puts a row back to 0).
-            models.Index(fields=["key"], name="webhook_endpoint_failing_idx",
+            models.Index(fields=["key"], name="pilot_endpoint_failing_idx",
                          condition=Q(failures__gt=0)),
         ]
 

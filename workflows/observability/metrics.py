@@ -36,7 +36,6 @@ import logging
 import os
 import time
 
-from django.core.cache import cache
 from django.db import DatabaseError
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -46,7 +45,7 @@ from workflows.conf import pilot_settings
 from workflows.observability import events
 from workflows.observability.events import Event
 from workflows.observability.multiproc import compact, scrape_lock
-from workflows.observability.shared_cache import cache_soft
+from workflows.observability.shared_cache import cache, cache_soft
 
 log = logging.getLogger("pilot.metrics")
 

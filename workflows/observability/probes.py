@@ -4,8 +4,10 @@ A load balancer, kubelet or Prometheus addresses a node by its IP
 (`Host: 10.0.0.5:8000`), which is not — and must not be — in ALLOWED_HOSTS;
 Django's host check would answer 400. `ProbeMiddleware`, placed before every
 middleware that reads the host (SecurityMiddleware, CommonMiddleware, CSRF),
-serves exactly the routes named `healthz`, `readyz` and `metrics` itself and
-returns; every other path goes down the normal chain, so ALLOWED_HOSTS keeps
+serves exactly the paths where the project mounted PILOT's probe views
+(`workflows.urls.probe_urls`) itself and returns — found by the view objects,
+never by a URL name, so a project's own route named `metrics` (or one that
+shadows the path) goes down the normal chain like every other path, so ALLOWED_HOSTS keeps
 protecting everything else (the admin's links and password-reset mails, the
 API's Location headers).
 
@@ -17,9 +19,7 @@ exempt from the HTTPS redirect for the same reason (SECURE_REDIRECT_EXEMPT).
 
 from __future__ import annotations
 
-from django.urls import NoReverseMatch, get_resolver
-
-PROBE_ROUTES = ("healthz", "readyz", "metrics")
+from django.urls import NoReverseMatch, Resolver404, get_resolver
 
 
 class ProbeMiddleware:
@@ -28,13 +28,20 @@ class ProbeMiddleware:
         self._paths: frozenset[str] | None = None
 
     def probe_paths(self) -> frozenset[str]:
-        """The paths (path_info) of the probe routes in the root URLconf."""
+        """The paths (path_info) at which the root URLconf resolves to one of
+        PILOT's probe views (reversed by the view object, then resolved back:
+        a path an earlier route of the project's own takes is not a probe's)."""
         if self._paths is None:
+            from workflows.urls import PROBE_VIEWS
+
             resolver, paths = get_resolver(), set()
-            for name in PROBE_ROUTES:
+            for view in PROBE_VIEWS:
                 try:
-                    paths.add("/" + resolver.reverse(name))
-                except NoReverseMatch:
+                    # Django reverses a view object too; its stubs know only names.
+                    path = "/" + resolver.reverse(view)  # type: ignore[arg-type]
+                    if resolver.resolve(path).func is view:
+                        paths.add(path)
+                except (NoReverseMatch, Resolver404):
                     continue
             self._paths = frozenset(paths)
         return self._paths

@@ -1,5 +1,8 @@
-"""The shared cache (settings.CACHES["default"]: Redis, or the `pilot_cache`
-table in the main database) and what PILOT does when it fails.
+"""The shared cache (settings.CACHES[PILOT_CACHE_ALIAS], "default" unless the
+project chose another: Redis, or the `pilot_cache` table in the main
+database) and what PILOT does when it fails. `cache` here is that alias's
+backend, looked up on each use; PILOT's code uses it, never Django's
+`django.core.cache.cache`, so a host keeps its default cache for its own.
 
 Three things live there: the rate limits (triggers, task actions), the login
 lockouts and the metrics' task counts. They do not deserve the same answer
@@ -27,12 +30,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
-from django.core.cache import cache
+from django.core.cache import BaseCache, caches
 from django.db import InterfaceError, OperationalError
 from redis import exceptions as redis_errors
 
+from workflows.conf import pilot_settings
 from workflows.observability.events import Event, emit
 from workflows.rules.errors import Unavailable
 
@@ -53,6 +57,22 @@ _REDIS_TRANSIENT = (redis_errors.ConnectionError, redis_errors.TimeoutError,
                     redis_errors.BusyLoadingError, redis_errors.TryAgainError,
                     redis_errors.ReadOnlyError, redis_errors.ClusterDownError,
                     redis_errors.OutOfMemoryError)
+
+
+def cache_alias() -> str:
+    """The CACHES alias PILOT's shared state lives in (PILOT_CACHE_ALIAS)."""
+    return str(pilot_settings.PILOT_CACHE_ALIAS)
+
+
+class _SharedCache:
+    """`caches[PILOT_CACHE_ALIAS]`, looked up on every use (as Django's own
+    `cache` proxies "default"), so a changed setting is seen at once."""
+
+    def __getattr__(self, name: str):
+        return getattr(caches[cache_alias()], name)
+
+
+cache = cast(BaseCache, _SharedCache())
 
 
 class CacheFailure(Exception):

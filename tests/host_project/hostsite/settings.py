@@ -24,6 +24,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_q",
     "workflows",
+    "workflows.login_guard",  # docs/embedding.md, step 3: the opt-in login guard
     # The host's own app, with its own workflow.
     "shop",
 ]
@@ -90,18 +91,25 @@ REST_FRAMEWORK = {
 }
 
 # docs/embedding.md, step 5: a cache every process shares (PILOT's rate limits
-# and login lockouts); PILOT's migrations create the `pilot_cache` table.
+# and login lockouts) under an alias of PILOT's own, so the host's default cache
+# stays Django's per-process one; PILOT's migrations create the `pilot_cache` table.
 _redis = os.environ.get("HOST_REDIS_URL")
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 if _redis:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
-                          "LOCATION": _redis, "KEY_PREFIX": f"host-{os.getpid()}"}}
+    CACHES["pilot"] = {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                       "LOCATION": _redis, "KEY_PREFIX": f"host-{os.getpid()}"}
 else:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache",
-                          "LOCATION": "pilot_cache"}}
+    CACHES["pilot"] = {"BACKEND": "django.core.cache.backends.db.DatabaseCache",
+                       "LOCATION": "pilot_cache"}
+PILOT_CACHE_ALIAS = "pilot"
 
 # docs/embedding.md, step 5: the host's own django-q2 cluster keeps django-q2's
 # defaults (max_attempts 0, results kept); PILOT's cluster is an ALT_CLUSTERS
 # entry with PILOT's limits, run by `manage.py run_workers`.
+# PILOT's cluster, and so its Redis queue (django_q:<name>:q), named for this
+# project: on a Redis other projects share, the default "pilot" would be
+# shared too (pilot.W027).
+PILOT_Q_CLUSTER_NAME = "hostsite-pilot"
 Q_CLUSTER = {
     "name": "hostsite",
     "workers": 1,
@@ -109,8 +117,8 @@ Q_CLUSTER = {
     "retry": 90,
     "poll": 0.1,
     "ALT_CLUSTERS": {
-        "pilot": {"workers": 2, "timeout": 300, "retry": 360, "max_attempts": 1,
-                  "ack_failures": True, "save_limit": -1},
+        PILOT_Q_CLUSTER_NAME: {"workers": 2, "timeout": 300, "retry": 360, "max_attempts": 1,
+                  "ack_failures": True, "save_limit": -1, "catch_up": False},
     },
 }
 if _redis:

@@ -185,7 +185,7 @@ class PostgresStore(OrmStore):
     def fold_replays(self, *, since: datetime | None, batch: int) -> tuple[int, int, int]:
         """The batch in one statement and one transaction (sql.py
         `fold_replays`); not prepared: it runs once a minute, and planned with
-        its own `since` it reads the last hours through replay_at_idx and the
+        its own `since` it reads the last hours through pilot_replay_at_idx and the
         whole log in (task, hour) order."""
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(QUERIES["fold_replays"],

@@ -144,7 +144,7 @@ BLOCKED = """running AS (
 
 # The candidates' filter against BLOCKED: two arrays computed once (InitPlans)
 # and tested per candidate as a plain filter, so the candidates are still read
-# in due order from task_due_idx and the scan stops at the first free one (an
+# in due order from pilot_task_due_idx and the scan stops at the first free one (an
 # anti-join sorted every due task first: 20 ms at 5 000 due). Both sides are
 # expressions, not columns: the column's statistics (one workflow in every row)
 # made the planner expect the filter to drop every row and sort instead.

@@ -4,6 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from workflows.accounts import (
     ApiClientRefused,
+    OwnerUnavailable,
     api_client_create,
     api_client_scope,
     client_webhook_check,
@@ -62,15 +63,15 @@ class Command(BaseCommand):
             hook, secret = client_webhook_ensure(user, url=webhook,
                                                  rotate_secret=rotate_webhook_secret,
                                                  overlap=not no_overlap)
-        except ApiClientRefused as exc:
+        except (ApiClientRefused, OwnerUnavailable) as exc:
             raise CommandError(str(exc)) from None
         except PilotError as exc:
             raise CommandError(exc.detail) from None
         if token is None:
-            self.stdout.write(f"client {user.username} already has a token (kept; it is shown "
-                              "only when created). Use --rotate to issue a new one.")
+            self.stdout.write(f"client {user.get_username()} already has a token (kept; it is "
+                              "shown only when created). Use --rotate to issue a new one.")
         else:
-            self.stdout.write(f"client {user.username}: token {token}")
+            self.stdout.write(f"client {user.get_username()}: token {token}")
         if secret is None:
             self.stdout.write("webhook signing secret: kept (shown only when created; "
                               "--rotate-webhook-secret issues a new one)")

@@ -21,5 +21,5 @@ class Command(BaseCommand):
         base = f"http://127.0.0.1:{port}"
         self.stdout.write(self.style.SUCCESS(
             f"\n  PILOT is running on {base}/\n"
-            f"  admin:     {base}/admin/  user {admin.username}  password {password}\n"
-            f"  API token: {token}  (client {client.username})\n"))
+            f"  admin:     {base}/admin/  user {admin.get_username()}  password {password}\n"
+            f"  API token: {token}  (client {client.get_username()})\n"))

@@ -17,8 +17,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from workflows.conf import pilot_settings
 from workflows.observability.metrics import exposition, multiprocess_dir
-from workflows.observability.views import token_authorized
+from workflows.observability.views import CLOSED, token_authorized
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -29,6 +30,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b"not found\n", "text/plain")
             return
         if not token_authorized(self.headers.get("Authorization", "")):
+            if not pilot_settings.PILOT_METRICS_TOKEN:
+                self._send(403, CLOSED.encode(), "text/plain")
+                return
             self._send(401, b"a bearer token is required\n", "text/plain",
                        {"WWW-Authenticate": 'Bearer realm="metrics"'})
             return
@@ -56,7 +60,8 @@ class Command(BaseCommand):
     help = ("Serve /metrics (Prometheus) on its own port, for a machine that runs only "
             "workers: the counters of every PILOT process on this machine "
             "(PROMETHEUS_MULTIPROC_DIR) and the gauges read from the database. "
-            "PILOT_METRICS_TOKEN protects it as it protects the web's /metrics.")
+            "PILOT_METRICS_TOKEN protects it as it protects the web's /metrics (without one "
+            "it is closed unless DEBUG or PILOT_METRICS_PUBLIC).")
 
     def add_arguments(self, parser):
         parser.add_argument("--bind", default="127.0.0.1",

@@ -119,7 +119,7 @@ examples:
         try:
             user = (scheduler_owner_get(owner) if owner or current is None else current.owner)
         except LookupError as exc:
-            raise CommandError(f"--owner: {exc}") from None
+            raise CommandError(f"--owner: {exc}" if owner else str(exc)) from None
         schedule, outcome = schedule_save(
             name=name, workflow=workflow or current.workflow, cron=cron or current.cron,
             payload=read_payload(payload) if payload is not None else

@@ -84,7 +84,7 @@ examples:
         try:
             user = cli_owner_get(owner)
         except LookupError as exc:
-            raise CommandError(f"--owner: {exc}") from None
+            raise CommandError(f"--owner: {exc}" if owner else str(exc)) from None
         trace_id = uuid.uuid4().hex
         try:
             outcome = task_trigger(owner=user, key=key, workflow=workflow, payload=body,

@@ -33,7 +33,7 @@ from pilot_client.retry import (
 
 __version__ = "0.1.0"
 
-API = "/api/v1"
+API = "/api/v1"  # where the standalone PILOT serves its API (a bare origin's path)
 MAX_BATCH = 1000  # the server's limit per request; longer batches are split
 # The request never reached the server: retrying anything is safe.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -42,6 +42,18 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 def new_key() -> str:
     """A fresh idempotency key (a random UUID)."""
     return str(uuid.uuid4())
+
+
+def api_root(base_url: str) -> str:
+    """The URL the API's paths (`/tasks`...) are appended to: `base_url` itself
+    when it has a path (where a host mounted the API), else its origin plus
+    /api/v1 (the standalone server). Query and fragment are refused: they
+    would be lost."""
+    parts = urlsplit(base_url)
+    if parts.query or parts.fragment:
+        raise ValueError("base_url must not have a query or a fragment")
+    path = parts.path.rstrip("/")
+    return base_url.rstrip("/") + ("" if path else API)
 
 
 def _check_key(key: Any) -> str:
@@ -65,6 +77,12 @@ class PilotClient:
       refused, 429, 503); after a lost answer they raise PilotConnectionError,
       since sending them again could act on a later state of the task.
 
+    `base_url` is where the API is: the standalone server's origin
+    (`https://pilot.example.com`, whose API is at /api/v1), or, for PILOT
+    inside a host project, the URL the host mounted `workflows.api.urls` at
+    (`https://shop.example.com/pilot/api`): a URL with a path is taken as the
+    API root, `tasks` and the rest hang off it.
+
     Errors are typed per problem `code` (pilot_client.errors). Usable as a
     context manager; `close()` releases the connection pool.
     """
@@ -77,6 +95,7 @@ class PilotClient:
         if not token:
             raise ValueError("token is required (create one with manage.py create_api_client)")
         self.base_url = base_url.rstrip("/")
+        self.api_url = api_root(base_url)
         self.retry_policy = retry or RetryPolicy()
         headers = {"Authorization": f"Token {token}", "Accept": "application/json",
                    "User-Agent": user_agent or f"pilot-client/{__version__}"}
@@ -90,7 +109,7 @@ class PilotClient:
                 key: str | None = None, *, derive_key: bool = False,
                 callback_url: str | None = None, run_after: datetime | str | None = None,
                 priority: int | None = None) -> TriggerResult:
-        """Start `workflow` with `payload` once for `key` (`POST /api/v1/tasks`).
+        """Start `workflow` with `payload` once for `key` (`POST <api>/tasks`).
 
         Without `key` a new one is generated (read it back from `.key`); with
         `derive_key=True` none is sent and the server derives it from the
@@ -114,7 +133,7 @@ class PilotClient:
         if callback_url is not None:
             body["callback_url"] = callback_url
         _start_options(body, run_after, priority)
-        response, attempts = self._request("POST", f"{API}/tasks", json=body, headers=headers,
+        response, attempts = self._request("POST", "/tasks", json=body, headers=headers,
                                            safe_to_resend=True, key=key)
         task = Task.from_json(response.json())
         replayed = response.headers.get("Idempotent-Replayed", "").strip().lower() == "true"
@@ -142,7 +161,7 @@ class PilotClient:
         results: list[BatchItemResult] = []
         for start in range(0, len(prepared), MAX_BATCH):
             chunk = prepared[start:start + MAX_BATCH]
-            response, _ = self._request("POST", f"{API}/tasks/batch", json={"tasks": chunk},
+            response, _ = self._request("POST", "/tasks/batch", json={"tasks": chunk},
                                         safe_to_resend=True)
             for sent, result in zip(chunk, response.json()["results"], strict=True):
                 results.append(_batch_item(sent["idempotency_key"], result))
@@ -152,7 +171,7 @@ class PilotClient:
 
     def get(self, task_id: str) -> Task:
         """One task with its steps; NotFound for an unknown (or another client's) task."""
-        response, _ = self._request("GET", f"{API}/tasks/{task_id}", safe_to_resend=True)
+        response, _ = self._request("GET", f"/tasks/{task_id}", safe_to_resend=True)
         return Task.from_json(response.json())
 
     def list(self, *, state: str | Iterable[str] | None = None, workflow: str | None = None,
@@ -170,7 +189,7 @@ class PilotClient:
             if value is not None:
                 params[name] = str(value)
         while True:
-            response, _ = self._request("GET", f"{API}/tasks", params=params,
+            response, _ = self._request("GET", "/tasks", params=params,
                                         safe_to_resend=True)
             page = response.json()
             for item in page.get("results", []):
@@ -205,14 +224,14 @@ class PilotClient:
         """Cancel a task (`cancelling` while a step or compensations are in flight,
         else `cancelled`). InvalidTransition when it has already finished."""
         body = {"reason": reason} if reason else {}
-        response, _ = self._request("POST", f"{API}/tasks/{task_id}/cancel", json=body,
+        response, _ = self._request("POST", f"/tasks/{task_id}/cancel", json=body,
                                     safe_to_resend=False)
         return Task.from_json(response.json())
 
     def retry(self, task_id: str, from_start: bool = False) -> Task:
         """Run a failed or cancelled task again: from its checkpoints, or from the
         first step with `from_start=True`. InvalidTransition otherwise."""
-        response, _ = self._request("POST", f"{API}/tasks/{task_id}/retry",
+        response, _ = self._request("POST", f"/tasks/{task_id}/retry",
                                     json={"from_start": bool(from_start)},
                                     safe_to_resend=False)
         return Task.from_json(response.json())
@@ -228,7 +247,7 @@ class PilotClient:
         with another payload), TaskFinished (a new signal to an ended task)."""
         key = _check_key(new_key() if key is None else key)
         response, _ = self._request(
-            "POST", f"{API}/tasks/{task_id}/signals/{name}",
+            "POST", f"/tasks/{task_id}/signals/{name}",
             json={"payload": {} if payload is None else payload},
             headers={"Idempotency-Key": key}, safe_to_resend=True, key=key)
         replayed = response.headers.get("Idempotent-Replayed", "").strip().lower() == "true"
@@ -253,7 +272,7 @@ class PilotClient:
         """Send one request with the retry rules of the class docstring; returns
         the successful response and the number of attempts it took."""
         policy = self.retry_policy
-        url = self.base_url + path
+        url = self.api_url + path
         all_headers = {**self._headers, **(headers or {})}
         attempt = 0
         while True:
@@ -267,7 +286,7 @@ class PilotClient:
                     outcome = "" if isinstance(exc, _NOT_SENT) else \
                         " (the request may have been processed)"
                     raise PilotConnectionError(
-                        f"{method} {path} failed after {attempt} attempt(s){outcome}: "
+                        f"{method} {url} failed after {attempt} attempt(s){outcome}: "
                         f"{type(exc).__name__}: {exc}", key=key, attempts=attempt) from exc
                 self._sleep(policy.delay(attempt - 1))
                 continue
