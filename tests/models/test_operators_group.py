@@ -38,7 +38,7 @@ def test_reversing_the_migrations_keeps_a_hosts_own_operators_group_and_its_memb
     member = django_user_model.objects.create_user("host-op")
     member.groups.add(group)
     rebuild(*OPERATORS_MIGRATIONS)
-    assert group.permissions.count() == 13  # PILOT's twelve were added to it
+    assert group.permissions.count() == 14  # PILOT's thirteen were added to it
     unbuild(*OPERATORS_MIGRATIONS)
     group = Group.objects.get(pk=group.pk)
     assert list(group.permissions.all()) == [own]
