@@ -19,6 +19,7 @@ from django.urls import path
 
 from workflows.accounts.login_forms import admin_password_change
 from workflows.api.health import HealthzView, ReadyzView
+from workflows.observability.probes import probe
 from workflows.observability.views import metrics_view
 
 
@@ -35,9 +36,9 @@ def admin_password_change_urls(site=None) -> list:
 # The probe views, made once: ProbeMiddleware finds their paths by these very
 # objects, so a project's own route of the same name or path is never served
 # in their place.
-healthz_view = HealthzView.as_view()
-readyz_view = ReadyzView.as_view()
-PROBE_VIEWS = (healthz_view, readyz_view, metrics_view)
+healthz_view = probe(HealthzView.as_view())
+readyz_view = probe(ReadyzView.as_view())
+probe(metrics_view)
 
 
 def probe_urls(prefix: str = "") -> list:
