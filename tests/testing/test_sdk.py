@@ -119,7 +119,7 @@ def test_its_json_fields_refuse_a_string_where_the_payload_needs_a_number(author
 
 def test_every_sdk_name_is_the_object_of_the_module_that_defines_it():
     homes = ("workflows.registry", "workflows.rules.errors", "workflows.rules.fields",
-             "workflows.engine.context")
+             "workflows.engine.context", "workflows.engine.triggers")
     for name in sdk.__all__:
         value = getattr(sdk, name)
         found = [home for home in homes if getattr(importlib.import_module(home), name, None)
