@@ -46,6 +46,10 @@ class ProbeMiddleware:
         a path an earlier route of the project's own takes is not a probe's)."""
         if self._paths is None:
             resolver, paths = get_resolver(), set()
+            # Load the project's URLconf first: mounting the probes (probe_urls)
+            # is what names their views here, and the first request of a fresh
+            # process may be a probe.
+            _ = resolver.url_patterns
             for view in PROBE_VIEWS:
                 try:
                     # Django reverses a view object too; its stubs know only names.
