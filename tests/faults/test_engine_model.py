@@ -417,6 +417,18 @@ class EngineMachine(RuleBasedStateMachine):
         if state == S.WAITING:
             assert outcome.woke or outcome.replayed
 
+    def _signal_ahead(self) -> None:
+        """A fresh signal for the wait: kept until a run reaches it, or waking the
+        task if it is parked there already."""
+        key = f"ahead-{len(self.signals_sent)}"
+        try:
+            outcome = task_signal(task_id=self.task_id, name="go", payload={"key": key},
+                                  key=key, user=None, actor="model:partner")
+        except TaskFinished:
+            return
+        self.signals_sent.add(key)
+        LANDED["signal_woke_the_task" if outcome.woke else "signal_kept"] += 1
+
     @precondition(lambda self: self.task_id is not None)
     @rule()
     def wait_times_out(self):
@@ -515,6 +527,7 @@ class EngineMachine(RuleBasedStateMachine):
         every run of the model lands each of them (asserted at its end)."""
         if fault == "after_compensation_body":
             MODE.update(c="fatal", undo_b="ok")  # the run fails for good and undoes b
+            self._signal_ahead()  # past the wait before c, or the run parks there
         if i not in self.runs:
             run = Run(self.task_id, self.worker_id(i))
             self.workers[i], self.runs[i] = run, run.steps()
