@@ -77,7 +77,7 @@ XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope
 
 test-sqlite: $(VENV)/.installed-dev
 	env -u DATABASE_URL -u REDIS_URL -u PILOT_REQUIRE_POSTGRES \
-		$(PY) -m pytest -m "not postgres and not redis" -q $(XDIST)
+		$(PY) -m pytest -m "not postgres and not redis" -q $(XDIST) --durations=25
 
 MODEL_TEST := tests/faults/test_engine_model.py
 
@@ -95,7 +95,7 @@ test-model: $(VENV)/.installed-dev
 ## running the PostgreSQL tests is a failure, not a pass.
 test-main: $(VENV)/.installed-dev chromium
 	@case "$$DATABASE_URL" in \
-	  postgres*) $(PY) -m pytest -q $(XDIST) ;; \
+	  postgres*) $(PY) -m pytest -q $(XDIST) --durations=40 ;; \
 	  *) if [ "$${PILOT_REQUIRE_POSTGRES:-}" = 1 ]; then \
 	       echo "PILOT_REQUIRE_POSTGRES=1 but DATABASE_URL is not PostgreSQL: PostgreSQL/Redis tests cannot run" >&2; \
 	       exit 1; \
