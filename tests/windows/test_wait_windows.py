@@ -240,18 +240,10 @@ def test_a_timer_is_measured_by_the_databases_clock_whatever_the_machines_clock(
     assert dispatch_once().woken == 0  # not due by the database, whatever this process says
 
 
-def test_a_thousand_timers_due_at_once_are_woken_in_batches_behind_older_work(owner):
-    """1 000 timers due in the same instant: each dispatcher pass wakes a batch
-    and says it is full (the loop runs again at once), every timer is woken
-    within BATCH-sized passes, and work that was due before the wake is
-    claimed first (a woken task is due from its wake), then the woken ones."""
-    from django.db.models import F
+def _due_timers(owner, n):
+    """`n` demo.timer tasks parked at their wait, all due a moment ago."""
+    from workflows.models import StepCheckpoint
 
-    from workflows.engine.dispatcher import BATCH
-    from workflows.engine.leases import lease_length
-    from workflows.models import StepCheckpoint, TaskTransition
-
-    n = 1000
     now = store().db_now()
     timers = Task.objects.bulk_create(
         Task(owner=owner, idempotency_key=f"timer-{i}", workflow="demo.timer",
@@ -264,17 +256,52 @@ def test_a_thousand_timers_due_at_once_are_woken_in_batches_behind_older_work(ow
         StepCheckpoint(task_id=t.pk, index=i, name=name, state=state, attempts=1)
         for t in timers for i, (name, state) in enumerate([("before", "succeeded"),
                                                            ("wait", "running")]))
+    return timers
+
+
+def test_ten_thousand_timers_due_at_once_are_woken_in_batches_behind_older_work(owner):
+    """10 000 timers due in the same instant: each dispatcher pass wakes a batch
+    in a bounded number of statements (one write for the batch, not one per
+    task), says it is full (the loop runs again at once), every timer is woken
+    within BATCH-sized passes, and work that was due before the wake is
+    claimed first (a woken task is due from its wake), then the woken ones."""
+    from django.db import connection
+    from django.db.models import F
+    from django.test.utils import CaptureQueriesContext
+
+    from workflows.engine.dispatcher import BATCH
+    from workflows.engine.leases import lease_length
+    from workflows.models import TaskTransition
+
+    n = 10_000
+    timers = _due_timers(owner, n)
     earlier = task_trigger(owner=owner, key="earlier", workflow="demo.echo", payload={}).task
     passes = 0
     while Task.objects.filter(state=S.WAITING).exists():
-        report = dispatch_once()
+        with CaptureQueriesContext(connection) as queries:
+            report = dispatch_once()
         passes += 1
         assert report.woken <= BATCH and report.full == (report.woken == BATCH)
         assert passes <= n // BATCH + 1, "the timers were not woken batch by batch"
+        assert len(queries) <= 40, f"a pass of {report.woken} wakes took {len(queries)} statements"
     assert TaskTransition.objects.filter(transition="wake").count() == n
     assert Task.objects.filter(pk__in=[t.pk for t in timers], state=S.PENDING,
                                max_attempts=F("attempts") + 3).count() == n
     first = store().claim_next(worker="w", lease=lease_length())
-    assert first.task.pk == earlier.pk  # due before the wake: not starved by a thousand
+    assert first.task.pk == earlier.pk  # due before the wake: not starved by ten thousand
     second = store().claim_next(worker="w", lease=lease_length())
     assert second.task.workflow == "demo.timer"
+
+
+def test_a_batch_wake_that_fails_is_done_row_by_row(owner):
+    """One write for the batch; should it fail, each row is woken on its own
+    (a bad row costs only itself), and the batch's failure is said."""
+    from workflows.models import TaskTransition
+
+    timers = _due_timers(owner, 5)
+    with faults.armed("before_wake", error=RuntimeError("the batch's write failed")) as hit:
+        report = dispatch_once()
+    assert hit.fired == 1  # the batch's write failed; each row alone then went by
+    assert report.woken == 5 and report.errors == 0
+    assert TaskTransition.objects.filter(transition="wake").count() == 5
+    assert Task.objects.filter(pk__in=[t.pk for t in timers], state=S.PENDING).count() == 5

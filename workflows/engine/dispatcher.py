@@ -57,7 +57,7 @@ from workflows.engine.deliveries import deliveries_enqueue_due
 from workflows.engine.enqueue import enqueue_on_commit
 from workflows.engine.leases import worker_id
 from workflows.engine.plans import owed_compensations
-from workflows.engine.signals import task_wake_due
+from workflows.engine.signals import tasks_wake_due
 from workflows.engine.store import store
 from workflows.models import Task
 from workflows.observability.events import Event, emit, emit_on_commit
@@ -198,13 +198,27 @@ def _recover_expired_leases(now: datetime, batch: int, actor: str,
 
 def _wake_due(now: datetime, batch: int, actor: str, report: DispatchReport) -> None:
     """Waiting tasks whose timer or timeout is due by the database's clock →
-    pending, enqueued (their due time keeps its place in the claim order)."""
+    pending, enqueued (their due time keeps its place in the claim order): a
+    batch in one write; should it fail, row by row, so one bad row costs only itself."""
     with transaction.atomic():
         tasks = _locked(Task.objects.filter(state=TaskState.WAITING, next_attempt_at__lte=now)
                         .order_by("next_attempt_at"), batch, report)
+        if not tasks:
+            return
+        try:
+            with transaction.atomic():
+                tasks_wake_due(tasks, now=now, actor=actor)
+            report.woken += len(tasks)
+            return
+        except Exception as exc:  # noqa: BLE001 - isolation: retried row by row below
+            emit(Event.DISPATCHER_ERROR, level=logging.WARNING,
+                 error=f"batch wake: {type(exc).__name__}: {exc}"[:300])
+        # (read again: the rows are still ours, the savepoint undid their change)
+        tasks = list(Task.objects.filter(pk__in=[t.pk for t in tasks], state=TaskState.WAITING)
+                     .order_by("next_attempt_at"))
 
         def wake(task: Task) -> None:
-            task_wake_due(task, now=now, actor=actor)
+            tasks_wake_due([task], now=now, actor=actor)
             report.woken += 1
 
         _each(tasks, report, wake)

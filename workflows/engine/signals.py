@@ -22,7 +22,7 @@ from typing import Any
 from django.db import transaction
 
 from workflows.engine import faults
-from workflows.engine.announce import move
+from workflows.engine.announce import announce, move
 from workflows.engine.audit import actor_for
 from workflows.engine.enqueue import enqueue_on_commit
 from workflows.engine.store import store
@@ -123,20 +123,29 @@ def task_signal(*, task_id: Any, name: str, payload: Any = None, key: Any, user:
     return SignalOutcome(signal, task, replayed=False, woke=woke)
 
 
-def task_wake_due(task: Task, *, now: Any, actor: str) -> None:
-    """Wake `task` — waiting, its timer or timeout due at `now` (a database
-    time), locked by the caller (the dispatcher) — and enqueue it on commit."""
-    assert task.state == TaskState.WAITING
-    kind = (task.waiting_for or {}).get("kind", "timer")
-    reason = "its timer is due" if kind == "timer" else "its wait timed out"
-    move(task, "wake", at=now, actor=actor, reason=reason, now=now,
-         set_fields={"enqueued_at": now})
+def tasks_wake_due(tasks: list[Task], *, now: Any, actor: str) -> None:
+    """Wake `tasks` — waiting, each timer or timeout due at `now` (a database
+    time), locked by the caller (the dispatcher) — in one write for the batch
+    (store.transition_locked_in_tx), and enqueue them in one message push on
+    commit: 10 000 timers due in one second cost a statement or two per batch."""
+    for task in tasks:
+        assert task.state == TaskState.WAITING
+    kinds = {task.pk: (task.waiting_for or {}).get("kind", "timer") for task in tasks}
+    reasons = {kind: "its timer is due" if kind == "timer" else "its wait timed out"
+               for kind in set(kinds.values())}
+    for reason in reasons.values():
+        group = [task for task in tasks if reasons[kinds[task.pk]] == reason]
+        for fact in store().transition_locked_in_tx(
+                group, "wake", at=now, actor=actor, reason=reason, now=now,
+                set_fields={"enqueued_at": now}):
+            announce(fact)
     faults.fault_point("before_wake")
-    enqueue_on_commit([task.pk])
-    emit_on_commit(Event.TASK_WOKEN, task_id=str(task.pk), workflow=task.workflow,
-                   attempt=task.attempts, kind=kind, actor=actor,
-                   trace_id=task.trace_id or None)
+    enqueue_on_commit([task.pk for task in tasks])
+    for task in tasks:
+        emit_on_commit(Event.TASK_WOKEN, task_id=str(task.pk), workflow=task.workflow,
+                       attempt=task.attempts, kind=kinds[task.pk], actor=actor,
+                       trace_id=task.trace_id or None)
 
 
 __all__ = ["SIGNAL_PERMISSION", "SignalOutcome", "signal_name_validate", "task_signal",
-           "task_wake_due"]
+           "tasks_wake_due"]

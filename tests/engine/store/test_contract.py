@@ -347,6 +347,53 @@ def test_a_refused_transition_writes_nothing_and_leaves_the_copy_as_it_was(any_s
     assert not StepCheckpoint.objects.filter(task_id=held.task.pk).exists()
 
 
+def test_a_locked_batch_moves_like_one_transition_each_in_a_few_statements(any_store, owner):
+    """transition_locked_in_tx: the rows the caller locked move by one edge
+    together — each as its own `transition` would leave it (fields, audit
+    row), the tasks' differing values kept apart — in one UPDATE per set of
+    equal new values and one INSERT of audit rows."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    tasks = [make_task(owner, state=S.WAITING, max_attempts=m) for m in (3, 3, 5)]
+    alone = make_task(owner, state=S.WAITING, max_attempts=3)
+    with transaction.atomic():
+        now = db_now()
+        locked = any_store.lock_free_in_tx(
+            Task.objects.filter(pk__in=[t.pk for t in tasks]).order_by("max_attempts"), 10)
+        with CaptureQueriesContext(connection) as queries:
+            facts = any_store.transition_locked_in_tx(locked, "wake", at=now, actor="d",
+                                                      reason="due", now=now)
+        any_store.transition(alone, "wake", at=now, actor="d", reason="due", now=now)
+    assert len(queries) == 3  # two UPDATEs (max_attempts 4 and 6), one INSERT
+    assert [(f.transition, f.from_state, f.to_state) for f in facts] == [
+        ("wake", S.WAITING, S.PENDING)] * 3
+    ignore = {"id", "idempotency_key", "max_attempts", "fingerprint", "trace_id", "started_at"}
+    expected = {k: v for k, v in fields(alone.pk).items() if k not in ignore}
+    for task in tasks:
+        row = fields(task.pk)
+        assert {k: v for k, v in row.items() if k not in ignore} == expected
+        assert row["max_attempts"] == task.max_attempts + 1
+        assert history(task.pk)[-1] == ("wake", "waiting", "pending", "d", "due")
+
+
+def test_a_locked_batch_with_an_illegal_edge_writes_nothing(any_store, owner):
+    from django.db import transaction
+    from django_fsm import TransitionNotAllowed
+
+    waiting = make_task(owner, state=S.WAITING)
+    pending = make_task(owner)
+    before = [(fields(t.pk), history(t.pk)) for t in (waiting, pending)]
+    with transaction.atomic():
+        now = db_now()
+        locked = any_store.lock_free_in_tx(
+            Task.objects.filter(pk__in=[waiting.pk, pending.pk]).order_by("state"), 10)
+        with pytest.raises(TransitionNotAllowed):
+            any_store.transition_locked_in_tx(locked, "wake", at=now, actor="d", now=now)
+        assert [t.state for t in locked] == [S.PENDING, S.WAITING]  # as they were
+    assert [(fields(t.pk), history(t.pk)) for t in (waiting, pending)] == before
+
+
 @pytest.mark.postgres
 def test_the_literal_claim_and_the_fsm_claim_leave_the_same_row(owner):
     """The PostgreSQL store claims without django-fsm in the loop; hold its row
