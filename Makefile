@@ -197,8 +197,9 @@ $(BENCH_VENV)/.installed: bench/requirements.txt
 ## Procrastinate) on the local PostgreSQL and Redis, and embedded mode (SQLite next
 ## to PostgreSQL), ~25 minutes; prints the table and writes bench/results.md.
 ## BENCH_QUICK=1: short runs, to check the harness. BENCH_ONLY=embedded (or
-## BENCH_ONLY=metrics: /metrics after 10 000 worker recycles, ~1.5 min): that
-## section alone, updated in bench/results.md in place.
+## BENCH_ONLY=metrics: /metrics after 10 000 worker recycles, ~1.5 min; or
+## BENCH_ONLY=waiting: parked tasks, signals, timers, ~4 min): that section
+## alone, updated in bench/results.md in place.
 bench: $(VENV)/.installed $(BENCH_VENV)/.installed
 	@command -v wrk >/dev/null || (apt-get update -q && apt-get install -y -q wrk)
 	BENCH_QUICK=$(BENCH_QUICK) $(PY) -m bench.run

@@ -11,6 +11,9 @@ goal marked met or NOT met, written to bench/results.md.
     BENCH_ONLY=metrics .venv/bin/python -m bench.run
                                                  only section 10 (/metrics after 10 000
                                                  worker recycles, ~1 minute), likewise
+    BENCH_ONLY=waiting .venv/bin/python -m bench.run
+                                                 only section 11 (parked tasks, signals,
+                                                 timers on both brokers, ~3 minutes), likewise
 
 Each workload is a script run as its own process with the environment it
 needs (bench/workloads/, bench/peers/); this module only orders them, keeps
@@ -53,6 +56,7 @@ from bench.tables import (
     E2E_SYSTEMS,
     EMBEDDED_TITLE,
     METRICS_TITLE,
+    WAITING_TITLE,
     admin_section,
     batch_section,
     burst_section,
@@ -66,6 +70,7 @@ from bench.tables import (
     queries_section,
     scaling_section,
     trigger_section,
+    waiting_section,
 )
 
 RESULTS_MD = ROOT / "bench" / "results.md"
@@ -95,6 +100,11 @@ class Plan:
     wal_runs: int          # runs whose WAL records are read back (pg_walinspect)
     metrics_recycles: int  # worker recycles simulated before /metrics is scraped
     metrics_reps: int
+    waiting_reps: int = 2      # per broker (bench/workloads/waiting.py)
+    waiting_runs: int = 1000   # short runs, alone and beside the parked tasks
+    waiting_parked: int = 500
+    waiting_signals: int = 100
+    waiting_timers: int = 300
 
 
 FULL = Plan("full", trigger_reps=3, trigger_seconds=8, batches=3, e2e_reps=3, e2e_runs=2000,
@@ -106,7 +116,8 @@ QUICK = Plan("quick", trigger_reps=2, trigger_seconds=3, batches=1, e2e_reps=1, 
              scaling_runs=200, scaling_reps=1, paced_runs=60, pace=20, cleanup_tasks=10_000,
              cleanup_seconds=3, profile_runs=200, embedded_reps=1, embedded_seconds=3,
              embedded_runs=200, admin_tasks=10_000, admin_reps=5, burst_runs=2000,
-             wal_runs=300, metrics_recycles=1000, metrics_reps=3)
+             wal_runs=300, metrics_recycles=1000, metrics_reps=3, waiting_reps=1,
+             waiting_runs=200, waiting_parked=100, waiting_signals=20, waiting_timers=50)
 EMBEDDED_SQLITE = OUT / "embedded.sqlite3"
 
 
@@ -170,6 +181,21 @@ class Bench:
         self.end_to_end()
         self.embedded()
         self.metrics()
+        self.waiting()
+
+    def waiting(self) -> None:
+        """Section 11: parked tasks, signals and timers (bench/workloads/waiting.py),
+        each broker in turn, repetitions interleaved."""
+        p = self.plan
+        results: dict = {"orm": [], "redis": []}
+        self.results["waiting"] = results
+        for rep in range(p.waiting_reps):
+            for broker, reps in results.items():
+                reps.append(self.workload(
+                    f"waiting-{broker}-{rep + 1}", "bench.workloads.waiting",
+                    "--runs", p.waiting_runs, "--parked", p.waiting_parked,
+                    "--signals", p.waiting_signals, "--timers", p.waiting_timers,
+                    env=pilot_env(broker, PILOT_DEMO_WORKFLOWS="true")))
 
     def metrics(self) -> None:
         """Section 10: /metrics after a week of worker churn (bench/workloads/metrics_churn.py)."""
@@ -314,14 +340,15 @@ def preflight(only: str | None) -> None:
     """Fail at once, with the reason, when a server or tool the run needs is missing."""
     import socket
 
-    needed = (("PostgreSQL", 5432),) if only else (("PostgreSQL", 5432), ("Redis", 6379))
+    needed = ((("PostgreSQL", 5432),) if only in ("embedded", "metrics")
+              else (("PostgreSQL", 5432), ("Redis", 6379)))
     for what, port in needed:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=3).close()
         except OSError:
             raise SystemExit(f"{what} is not listening on 127.0.0.1:{port}; start it "
                              "(.ci/run shows how) and run make bench again") from None
-    if shutil.which("wrk") is None:
+    if shutil.which("wrk") is None and only != "waiting":
         raise SystemExit("wrk is missing: apt-get install wrk (make bench does it)")
     if not BENCH_PY.exists() and not only:
         raise SystemExit("bench/.venv is missing: run `make bench`, which creates it")
@@ -329,9 +356,9 @@ def preflight(only: str | None) -> None:
 
 def main() -> None:
     only = os.environ.get("BENCH_ONLY") or None
-    if only not in (None, "embedded", "metrics"):
-        raise SystemExit(f"BENCH_ONLY={only!r}: the sections that run alone are 'embedded' "
-                         "and 'metrics'")
+    if only not in (None, "embedded", "metrics", "waiting"):
+        raise SystemExit(f"BENCH_ONLY={only!r}: the sections that run alone are 'embedded', "
+                         "'metrics' and 'waiting'")
     preflight(only)
     plan = QUICK if quick() else FULL
     for stale in (LOGS, OUT / "probe"):  # the last run's logs; bench/out is ours alone
@@ -341,6 +368,9 @@ def main() -> None:
     bench = Bench(plan)
     if only == "metrics":
         only_metrics(bench, load_start)
+        return
+    if only == "waiting":
+        only_waiting(bench, load_start)
         return
     if only:
         only_embedded(bench, load_start)
@@ -356,7 +386,7 @@ def main() -> None:
                 *cleanup_section(results, goals), *scaling_section(results, goals),
                 *queries_section(results, goals), *admin_section(results, goals),
                 *profile_section(results), *embedded_section(results),
-                *metrics_section(results, goals)]
+                *metrics_section(results, goals), *waiting_section(results, goals)]
     if bench.failures:
         sections.append(Section("Workloads that failed", ["workload and error (see "
                                                           "bench/out/logs/)"],
@@ -423,6 +453,35 @@ def only_metrics(bench: Bench, load_start) -> None:
         f"{bench.elapsed() / 60:.1f} min")
     if bench.failures:
         raise SystemExit("the metrics workload failed:\n" + bench.failures[-1])
+
+
+def only_waiting(bench: Bench, load_start) -> None:
+    """Run section 11 alone and put it into bench/results.md in place (the other
+    sections stay as the last full run left them)."""
+    if bench.workload("prepare", "bench.workloads.prepare", env=pilot_env("orm")) is None:
+        raise SystemExit("could not prepare the bench database:\n" + bench.failures[-1])
+    bench.waiting()
+    results = bench.results
+    results["failures"] = bench.failures
+    (OUT / "results-waiting.json").write_text(json.dumps(results, indent=1, default=str))
+    goals: list[Goal] = []
+    sections = waiting_section(results, goals)
+    meta = [m.split("; peers")[0] + "." if "; peers" in m else m
+            for m in machine_meta(bench.plan, load_start, os.getloadavg(),
+                                  bench.elapsed() / 60)]
+    print(report.render_text(WAITING_TITLE, meta, sections, goals))
+    sections[0].notes += [f"Goal — {g.name}: {g.figure} (target {g.target}): {g.verdict}."
+                          for g in goals]  # (the goals table is the full run's)
+    section = report.render_markdown("x", [], sections, [], [])
+    section = section[section.index(f"## {WAITING_TITLE}"):]
+    section = section.replace("\n\n", "\n\nMeasured alone (BENCH_ONLY=waiting), not in "
+                              "the run above:\n\n" + "\n".join(f"- {m}" for m in meta)
+                              + "\n\n", 1)
+    RESULTS_MD.write_text(splice_section(RESULTS_MD.read_text(), WAITING_TITLE, section))
+    say(f"updated section 11 of {RESULTS_MD.relative_to(ROOT)} in "
+        f"{bench.elapsed() / 60:.1f} min")
+    if bench.failures:
+        raise SystemExit("a waiting workload failed:\n" + bench.failures[-1])
 
 
 def splice_section(markdown: str, title: str, section: str) -> str:
