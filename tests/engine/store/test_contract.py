@@ -365,7 +365,7 @@ def test_a_locked_batch_moves_like_one_transition_each_in_a_few_statements(any_s
             facts = any_store.transition_locked_in_tx(locked, "wake", at=now, actor="d",
                                                       reason="due", now=now)
         any_store.transition(alone, "wake", at=now, actor="d", reason="due", now=now)
-    assert len(queries) == 3  # two UPDATEs (max_attempts 4 and 6), one INSERT
+    assert len(queries) == 2  # one UPDATE (the budgets and versions: F() + 1), one INSERT
     assert [(f.transition, f.from_state, f.to_state) for f in facts] == [
         ("wake", S.WAITING, S.PENDING)] * 3
     ignore = {"id", "idempotency_key", "max_attempts", "fingerprint", "trace_id", "started_at"}
@@ -375,6 +375,26 @@ def test_a_locked_batch_moves_like_one_transition_each_in_a_few_statements(any_s
         assert {k: v for k, v in row.items() if k not in ignore} == expected
         assert row["max_attempts"] == task.max_attempts + 1
         assert history(task.pk)[-1] == ("wake", "waiting", "pending", "d", "due")
+
+
+def test_a_batch_update_is_grouped_by_what_differs_and_shares_the_rest():
+    """_update_groups: equal new values are constants, equal moves are F() + n,
+    only what truly differs splits the batch."""
+    from django.db.models import F
+
+    from workflows.engine.store.orm import _update_groups
+
+    a, b, c = (Task(pk=n, lease_token=n, max_attempts=3, error=e, state=S.PENDING)
+               for n, e in ((1, "x"), (2, "y"), (3, "x")))
+    befores = [{"lease_token": t.lease_token - 1, "max_attempts": 2, "error": "",
+                "state": S.WAITING} for t in (a, b, c)]
+    groups = _update_groups([a, b, c], befores, ["error", "lease_token", "max_attempts",
+                                                 "state"])
+    assert [pks for _, pks in groups] == [[1, 3], [2]]
+    for values, _ in groups:
+        assert values["lease_token"] == F("lease_token") + 1
+        assert (values["max_attempts"], values["state"]) == (3, S.PENDING)
+    assert [values["error"] for values, _ in groups] == ["x", "y"]
 
 
 def test_a_locked_batch_with_an_illegal_edge_writes_nothing(any_store, owner):

@@ -28,7 +28,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import BooleanField, Count, DateTimeField, ExpressionWrapper, Q, QuerySet
+from django.db.models import (
+    BooleanField,
+    Count,
+    DateTimeField,
+    ExpressionWrapper,
+    F,
+    Q,
+    QuerySet,
+)
 from django.db.models.functions import Now, TruncHour
 from django.db.models.sql import Query
 from django.utils import timezone
@@ -133,6 +141,37 @@ def delivery_owed(task: Task) -> bool:
     """Does this transition owe a webhook? Only an ending of a task with an
     endpoint; decided in memory, so a task without one costs nothing."""
     return task.state in FINISHED_STATES and bool(task.callback_url)
+
+
+def _update_groups(tasks: list[Task], befores: list[dict[str, Any]],
+                   fields: list[str]) -> list[tuple[dict[str, Any], list[Any]]]:
+    """The UPDATEs that write `fields` of `tasks` as they are now: a field every
+    task gives the same value is a constant, one every task moved by the same
+    number (the version, an attempt budget) is `F(field) + n`, and the tasks
+    are grouped by the rest — a batch of one edge is one UPDATE, not a CASE
+    per row (Django's bulk_update) nor one per task."""
+    shared: dict[str, Any] = {}
+    varying = []
+    for a in fields:
+        new = [t.__dict__[a] for t in tasks]
+        if all(v == new[0] for v in new):
+            shared[a] = new[0]
+            continue
+        deltas = {v - b[a] if type(v) is int and type(b[a]) is int else None
+                  for v, b in zip(new, befores, strict=True)}
+        if len(deltas) == 1 and None not in deltas:
+            shared[a] = F(a) + deltas.pop()
+        else:
+            varying.append(a)
+    groups: list[tuple[dict[str, Any], list[Any]]] = []
+    for task in tasks:
+        values = {a: task.__dict__[a] for a in varying}
+        group = next((g for g in groups if g[0] == values), None)
+        if group is None:
+            groups.append((values, [task.pk]))
+        else:
+            group[1].append(task.pk)
+    return [({**shared, **values}, pks) for values, pks in groups]
 
 
 def give_up_after() -> timedelta:
@@ -499,18 +538,7 @@ class OrmStore:
                 task.updated_at = at
                 changed.update(a for a in _ATTNAMES
                                if task.__dict__.get(a) != before[a] or a == "updated_at")
-            # One UPDATE per set of equal new values (a batch of timers of one
-            # workflow is one; Django's bulk_update compiles a CASE per row).
-            fields = sorted(changed)
-            groups: list[tuple[dict[str, Any], list[Any]]] = []
-            for task in tasks:
-                values = {a: task.__dict__[a] for a in fields}
-                group = next((g for g in groups if g[0] == values), None)
-                if group is None:
-                    groups.append((values, [task.pk]))
-                else:
-                    group[1].append(task.pk)
-            for values, pks in groups:
+            for values, pks in _update_groups(tasks, befores, sorted(changed)):
                 Task.objects.filter(pk__in=pks).update(**values)
             TaskTransition.objects.bulk_create(
                 TaskTransition(task_id=task.pk, transition=name, from_state=from_state,
