@@ -201,3 +201,34 @@ def test_bulk_retry_from_start_resets_checkpoints_and_enqueues(operator_client, 
         "state", flat=True)) == {StepState.PENDING}
     assert queued_task_ids() == [str(task.pk)]
     assert history(task)[-1][:3] == ("retry", "failed", "pending")
+
+
+@pytest.mark.django_db(transaction=True)  # the atomic step's own transaction commits
+def test_retry_from_a_step_on_the_task_page_shows_its_dry_run_then_applies(operator_client,
+                                                                             owner):
+    """The task page's "Retry from step" form: the chosen step's dry run, then
+    the retry from it; a step the workflow lacks is refused and changes nothing."""
+    from tests.support.helpers import drain, pop_queued, queued_task_ids
+    from workflows.engine.triggers import task_trigger
+
+    task = task_trigger(owner=owner, key="sync-x", workflow="demo.sync_orders",
+                        payload={"batch": "b", "count": 2}).task
+    drain(lambda: Task.objects.get(pk=task.pk).is_finished)
+    pop_queued()
+    Task.objects.filter(pk=task.pk).update(state=S.CANCELLED)  # as if cancelled at the end
+    page = operator_client.get(task_url(task)).content.decode()
+    assert 'id="pilot-retry-from"' in page and '<option value="transform">2. transform' in page
+    url = task_url(task, "transition/retry/")
+    confirm = operator_client.get(url, {"from_step": "transform"}).content.decode()
+    assert "Retry from step transform" in confirm
+    assert "runs again from step transform, keeping the finished step(s) fetch" in confirm
+    assert '<input type="hidden" name="from_step" value="transform">' in confirm
+    refused = operator_client.post(url, {"confirmed": "yes", "from_step": "nope"}, follow=True)
+    assert "There is no step &#x27;nope&#x27; in demo.sync_orders" in refused.content.decode()
+    assert Task.objects.get(pk=task.pk).state == S.CANCELLED and queued_task_ids() == []
+    operator_client.post(url, {"confirmed": "yes", "from_step": "transform", "reason": "redo"})
+    assert history(task)[-1] == ("retry", "cancelled", "pending", "user:operator", "redo")
+    assert list(StepCheckpoint.objects.filter(task_id=task.pk).order_by("index").values_list(
+        "name", "state")) == [("fetch", "succeeded"), ("transform", "pending"),
+                              ("write", "pending")]
+    assert queued_task_ids() == [str(task.pk)]

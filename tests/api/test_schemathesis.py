@@ -53,8 +53,13 @@ def documented_refusal(case) -> bool:
     neither the Idempotency-Key header nor the body's task_id (OpenAPI cannot say
     "one of the two"); a header and a task_id that name different keys; a
     callback_url, whose host must resolve to public addresses and whose client
-    needs a signing secret (this one has none), which no schema can say."""
+    needs a signing secret (this one has none), which no schema can say; a retry
+    naming both `from_step` and `from_start` (two optional fields that exclude
+    each other), or a `from_step` its task's workflow does not have."""
     if case.query and "cursor" in case.query:
+        return True
+    if (case.operation.path.endswith("/retry") and isinstance(case.body, dict)
+            and case.body.get("from_step") is not None):
         return True
     if isinstance(case.body, dict) and "\\u0000" in json.dumps(case.body):
         return True

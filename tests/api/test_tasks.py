@@ -82,6 +82,21 @@ def test_cancel_and_retry_over_http(api):
                             format="json"), 400, "validation_error")
 
 
+def test_retry_from_a_step_over_http(api):
+    task = trigger(api, workflow="demo.sync_orders",
+                   payload={"batch": "b1", "count": 2}).json()
+    api.post(f"/api/v1/tasks/{task['id']}/cancel", format="json")
+    retry = f"/api/v1/tasks/{task['id']}/retry"
+    assert_problem(api.post(retry, {"from_step": "nope"}, format="json"), 400,
+                   "validation_error")
+    assert_problem(api.post(retry, {"from_step": "write", "from_start": True}, format="json"),
+                   400, "validation_error")
+    assert_problem(api.post(retry, {"from_step": 7}, format="json"), 400, "validation_error")
+    assert Task.objects.get(pk=task["id"]).state == S.CANCELLED  # nothing changed
+    r = api.post(retry, {"from_step": "transform"}, format="json")
+    assert r.status_code == 202 and r.json()["state"] == "pending"
+
+
 def test_workflows_are_listed_with_steps_and_policy(api):
     workflows = {w["name"]: w for w in api.get("/api/v1/workflows").json()}
     assert {"demo.echo", "demo.sync_orders", "demo.flaky", "demo.slow", "demo.saga"} <= set(

@@ -50,12 +50,13 @@ class OperatorAction:
         return bool(user and user.is_active) and has_transition_perm(
             getattr(task, self.transition), user)
 
-    def apply(self, *, task_id, user, reason: str) -> Task:
-        """Take the action through the engine; raises the engine's PilotError."""
+    def apply(self, *, task_id, user, reason: str, from_step: str | None = None) -> Task:
+        """Take the action through the engine; raises the engine's PilotError.
+        `from_step`: a retry's first step to run again (the task page's form)."""
         if self.transition == "cancel":
             return task_cancel(task_id=task_id, user=user, reason=reason, owner_may=False)
         return task_retry(task_id=task_id, user=user, from_start=self.from_start,
-                          reason=reason, owner_may=False)
+                          from_step=from_step, reason=reason, owner_may=False)
 
 
 CANCEL = OperatorAction("cancel", "Cancel", "cancel", "cancel_selected")
@@ -107,15 +108,17 @@ def _plan_cancel(task: Task, owed: list[str]) -> PlannedChange:
     return PlannedChange(task, True, f"{task.state} → {plan.target}", plan.summary)
 
 
-def _plan_retry(task: Task, steps: list, *, from_start: bool) -> PlannedChange:
-    plan = retry_plan(task, steps, from_start=from_start)
+def _plan_retry(task: Task, steps: list, *, from_start: bool,
+                from_step: str | None = None) -> PlannedChange:
+    plan = retry_plan(task, steps, from_start=from_start, from_step=from_step)
     if not plan.allowed:
         return PlannedChange(task, False, "no change", plan.summary)
     return PlannedChange(task, True, f"{task.state} → pending",
                          f"{plan.summary}; a fresh budget of {plan.budget} attempt(s)")
 
 
-def actions_plan(action: OperatorAction, tasks: list[Task]) -> list[PlannedChange]:
+def actions_plan(action: OperatorAction, tasks: list[Task], *,
+                 from_step: str | None = None) -> list[PlannedChange]:
     """The dry run of `action` over `tasks`, decided by the engine's own plans
     (`cancel_plan`, `retry_plan`) from one read of their checkpoints, no writes.
     The real outcome is decided again, under lock, by `apply`."""
@@ -123,17 +126,19 @@ def actions_plan(action: OperatorAction, tasks: list[Task]) -> list[PlannedChang
         owed = owed_compensations([t.pk for t in tasks])
         return [_plan_cancel(task, owed.get(task.pk, [])) for task in tasks]
     steps = _steps_of(tasks)
-    return [_plan_retry(task, steps[task.pk], from_start=action.from_start) for task in tasks]
+    return [_plan_retry(task, steps[task.pk], from_start=action.from_start,
+                        from_step=from_step) for task in tasks]
 
 
-def actions_apply(action: OperatorAction, tasks: list[Task], *, user,
-                  reason: str) -> list[AppliedChange]:
+def actions_apply(action: OperatorAction, tasks: list[Task], *, user, reason: str,
+                  from_step: str | None = None) -> list[AppliedChange]:
     """Apply `action` to each task in turn, each in its own engine transaction:
     one task's refusal never rolls back another's change."""
     results = []
     for task in tasks:
         try:
-            changed = action.apply(task_id=task.pk, user=user, reason=reason)
+            changed = action.apply(task_id=task.pk, user=user, reason=reason,
+                                   from_step=from_step)
         except PilotError as exc:
             results.append(AppliedChange(task.pk, str(task), False, task.state, task.state,
                                          f"{exc.code}: {exc.detail}"))

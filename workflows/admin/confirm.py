@@ -85,21 +85,27 @@ def transition_view(model_admin, request, object_id, action_name):
     if task is None:
         raise Http404("No such task")
     task_url = reverse("admin:workflows_task_change", args=[task.pk])
+    # A retry from a chosen step (the task page's form): ?from_step=, then the POST's field.
+    from_step = (request.POST if request.method == "POST" else request.GET).get("from_step")
+    if action.transition != "retry" or action.from_start or not from_step:
+        from_step = None
+    label = f"{action.label} from step {from_step}" if from_step else action.label
     form = ReasonForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         reason = form.cleaned_data["reason"]
-        [result] = actions_apply(action, [task], user=request.user, reason=reason)
+        [result] = actions_apply(action, [task], user=request.user, reason=reason,
+                                 from_step=from_step)
         if result.ok:
-            console_action_log(request.user, [result.task],
-                               action_message(action.label, reason))
-            messages.success(request, f"{action.label}: {result.detail}.")
+            console_action_log(request.user, [result.task], action_message(label, reason))
+            messages.success(request, f"{label}: {result.detail}.")
         else:
-            messages.error(request, f"{action.label} refused — {result.detail}")
+            messages.error(request, f"{label} refused — {result.detail}")
         return HttpResponseRedirect(task_url)
     return TemplateResponse(request, "pilot/admin/action_confirm.html", _context(
-        model_admin, request, title=f"{action.label}: confirm", action=action, form=form,
-        plan=actions_plan(action, [task]), bulk=False, original=task,
-        confirm_field=CONFIRM_FIELD, form_action=request.path, cancel_url=task_url))
+        model_admin, request, title=f"{label}: confirm", action=action, label=label,
+        form=form, plan=actions_plan(action, [task], from_step=from_step), bulk=False,
+        original=task, from_step=from_step, confirm_field=CONFIRM_FIELD,
+        form_action=request.path, cancel_url=task_url))
 
 
 def _fresh_states(results) -> list:

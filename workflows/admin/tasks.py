@@ -261,6 +261,7 @@ class TaskAdmin(admin.ModelAdmin):
             context = {**context, **task_page(task, now=console_now())}
             context["badge"] = state_badge(task.state)
             context["operator_actions"] = actions_available(task, request.user)
+            context["can_retry_from"] = RETRY in context["operator_actions"]
             context["can_resend"] = deliveries.can_resend(request.user)
             context["can_signal"] = signals.can_signal(request.user)
             context["title"] = f"Task {task.pk}"

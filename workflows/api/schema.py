@@ -261,7 +261,10 @@ CANCEL_DESCRIPTION = (
 
 RETRY_DESCRIPTION = (
     "Retry a failed or cancelled task with a fresh budget of attempts. It resumes from its "
-    "checkpoints, or from the first step with `from_start: true`. 409 `invalid_transition` "
+    "checkpoints, from the first step with `from_start: true`, or from a named step with "
+    "`from_step` (that step and every later one run again; the earlier checkpoints are kept; "
+    "400 `validation_error` for a step the workflow does not have or with `from_start`). "
+    "409 `invalid_transition` "
     "for any other state. Cancel and retry share one per-client rate limit "
     "(PILOT_ACTION_RATE): 429 `throttled` with Retry-After beyond it.")
 

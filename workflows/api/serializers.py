@@ -303,6 +303,17 @@ class RetrySerializer(StrictSerializer):
     from_start = serializers.BooleanField(
         required=False, default=False,
         help_text="Run every step again instead of resuming from the checkpoints.")
+    from_step = StringField(
+        required=False, max_length=100,
+        help_text="Run this step (by name) and every later one again; the earlier "
+                  "checkpoints are kept. Not with from_start.")
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if attrs.get("from_step") is not None and attrs.get("from_start"):
+            raise serializers.ValidationError(
+                {"from_step": ["Not with from_start: from_start runs every step again."]})
+        return attrs
 
 
 class CancelSerializer(StrictSerializer):

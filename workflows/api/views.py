@@ -247,7 +247,7 @@ class TaskRetryView(PilotAPIView):
     def post(self, request, task_id):
         data = _validated(RetrySerializer, request.data or {})
         task = task_retry(task_id=task_get_for(request.user, task_id).pk, user=request.user,
-                          from_start=data["from_start"])
+                          from_start=data["from_start"], from_step=data.get("from_step"))
         return Response(task_data(task), status=status.HTTP_202_ACCEPTED)
 
 

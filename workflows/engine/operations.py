@@ -28,7 +28,12 @@ from workflows.engine.plans import cancel_plan, owed_compensations, retry_plan
 from workflows.engine.store import store
 from workflows.models import StepCheckpoint, Task
 from workflows.observability.events import Event, emit_on_commit
-from workflows.rules.errors import InvalidTransition, PermissionDenied, TaskNotFound
+from workflows.rules.errors import (
+    InvalidTransition,
+    PermissionDenied,
+    TaskNotFound,
+    ValidationFailed,
+)
 from workflows.rules.states import TaskState
 from workflows.selectors import can_view_all
 
@@ -85,30 +90,40 @@ def task_cancel(*, task_id: Any, user: Any, reason: str = "", owner_may: bool = 
     return task
 
 
-def task_retry(*, task_id: Any, user: Any, from_start: bool = False, reason: str = "",
+def task_retry(*, task_id: Any, user: Any, from_start: bool = False,
+               from_step: str | None = None, reason: str = "",
                owner_may: bool = True) -> Task:
     """Send a failed or cancelled task back to `pending` with a fresh budget of
-    attempts and enqueue it (`plans.retry_plan` says which steps run again).
+    attempts and enqueue it (`plans.retry_plan` says which steps run again:
+    from its checkpoints, from the start, or from step `from_step`).
 
-    Raises TaskNotFound, PermissionDenied, InvalidTransition (not failed or
-    cancelled, or its workflow is no longer registered)."""
+    Raises ValidationFailed (`from_step` with `from_start`, or not a step of
+    the task's workflow), TaskNotFound, PermissionDenied, InvalidTransition
+    (not failed or cancelled, or its workflow is no longer registered)."""
+    if from_step is not None and from_start:
+        raise ValidationFailed("from_step and from_start cannot be combined: from_start "
+                               "runs every step again")
     with transaction.atomic():
         task = _lock_for(user, task_id, owner_may=owner_may, action="retry")
-        task_restart(task, actor=actor_for(user), from_start=from_start, reason=reason)
+        task_restart(task, actor=actor_for(user), from_start=from_start, from_step=from_step,
+                     reason=reason)
         enqueue_on_commit([task.pk])
     return task
 
 
-def task_restart(task: Task, *, actor: str, from_start: bool = False, reason: str = "") -> None:
+def task_restart(task: Task, *, actor: str, from_start: bool = False,
+                 from_step: str | None = None, reason: str = "") -> None:
     """Apply `retry` to `task`, which the caller holds locked (FOR UPDATE) and
     read with the database's time (`pilot_db_now`): reset the steps the plan
     names, fix the body of any webhook of its ending not yet sent, move the task
     back to pending (enqueued_at stamped; the caller enqueues it). Raises
-    InvalidTransition when the plan refuses."""
+    InvalidTransition when the plan refuses, ValidationFailed for a `from_step`
+    the task's workflow does not have."""
     steps = list(StepCheckpoint.objects.filter(task_id=task.pk))
-    plan = retry_plan(task, steps, from_start=from_start)
+    plan = retry_plan(task, steps, from_start=from_start, from_step=from_step)
     if not plan.allowed:
-        raise InvalidTransition(_sentence(plan.summary))
+        raise (ValidationFailed if plan.unknown_step else InvalidTransition)(
+            _sentence(plan.summary))
     store().reset_steps_in_tx(task.pk, to_pending=list(plan.reset_to_pending),
                         as_done=list(plan.keep_as_done))
     now = task.pilot_db_now

@@ -137,14 +137,18 @@ class RetryPlan:
     budget: int = 0                       # fresh attempts granted
     reset_to_pending: tuple[int, ...] = ()  # step indexes that run again
     keep_as_done: tuple[int, ...] = ()     # compensation_failed steps: their effect stands
+    unknown_step: bool = False             # refused for the request (a bad from_step)
 
 
-def retry_plan(task: Task, steps: list[StepCheckpoint], *, from_start: bool) -> RetryPlan:
+def retry_plan(task: Task, steps: list[StepCheckpoint], *, from_start: bool,
+               from_step: str | None = None) -> RetryPlan:
     """What retrying `task` does: back to pending with a fresh budget; with
     `from_start` every step runs again, otherwise it resumes from its
     checkpoints — succeeded steps are kept, compensated ones (their effect was
     undone) run again, and a step whose compensation failed counts as done
-    (its effect is still in place) with a fresh compensation budget."""
+    (its effect is still in place) with a fresh compensation budget. With
+    `from_step` (a step of the task's workflow), that step and every later one
+    run again; the earlier ones are judged as above."""
     if task.state not in (TaskState.FAILED, TaskState.CANCELLED):
         return RetryPlan(False, f"a {task.state} task cannot be retried; only failed and "
                                 "cancelled tasks can")
@@ -160,19 +164,37 @@ def retry_plan(task: Task, steps: list[StepCheckpoint], *, from_start: bool) -> 
         return RetryPlan(True, f"every step runs again from the first ({len(finished)} "
                                "finished step(s) reset)", workflow.max_attempts,
                          reset_to_pending=tuple(s.index for s in steps))
-    reset = tuple(s.index for s in steps if s.state == StepState.COMPENSATED)
-    kept = tuple(s.index for s in steps
+    first = len(workflow.steps)
+    if from_step is not None:
+        names = [step.name for step in workflow.steps]
+        if from_step not in names:
+            return RetryPlan(False, f"there is no step {from_step!r} in {task.workflow} (its "
+                                    f"steps: {', '.join(names)})", unknown_step=True)
+        first = names.index(from_step)
+    again = [s for s in steps if s.index >= first]
+    earlier = [s for s in steps if s.index < first]
+    reset = tuple(s.index for s in earlier if s.state == StepState.COMPENSATED)
+    kept = tuple(s.index for s in earlier
                  if s.state in (StepState.COMPENSATION_FAILED, StepState.COMPENSATING))
-    done = [s.name for s in steps if s.state == StepState.SUCCEEDED or s.index in kept]
-    if done:
+    done = [s.name for s in earlier if s.state == StepState.SUCCEEDED or s.index in kept]
+    if from_step is not None:
+        summary = f"runs again from step {from_step}"
+        if done:
+            summary += f", keeping the finished step(s) {', '.join(done)}"
+        redone = [s.name for s in again if s.state in (StepState.SUCCEEDED,
+                                                       StepState.COMPENSATION_FAILED)]
+        if redone:
+            summary += (f"; the finished step(s) {', '.join(redone)} run again, their "
+                        "effect not undone first")
+    elif done:
         summary = f"resumes after its finished step(s) {', '.join(done)}"
     else:
         summary = "runs from the first step (none finished)"
     if reset:
         undone = [s.name for s in steps if s.index in reset]
         summary += f"; the undone step(s) {', '.join(undone)} run again"
-    return RetryPlan(True, summary, workflow.max_attempts, reset_to_pending=reset,
-                     keep_as_done=kept)
+    return RetryPlan(True, summary, workflow.max_attempts,
+                     reset_to_pending=reset + tuple(s.index for s in again), keep_as_done=kept)
 
 
 __all__ = ["CancelPlan", "Plan", "PlanUnavailable", "RetryPlan",

@@ -228,11 +228,16 @@ class PilotClient:
                                     safe_to_resend=False)
         return Task.from_json(response.json())
 
-    def retry(self, task_id: str, from_start: bool = False) -> Task:
-        """Run a failed or cancelled task again: from its checkpoints, or from the
-        first step with `from_start=True`. InvalidTransition otherwise."""
-        response, _ = self._request("POST", f"/tasks/{task_id}/retry",
-                                    json={"from_start": bool(from_start)},
+    def retry(self, task_id: str, from_start: bool = False,
+              from_step: str | None = None) -> Task:
+        """Run a failed or cancelled task again: from its checkpoints, from the
+        first step with `from_start=True`, or from the step named `from_step`
+        (it and every later one run again; ValidationError for a step its
+        workflow does not have). InvalidTransition for another state."""
+        body: dict = {"from_start": bool(from_start)}
+        if from_step is not None:
+            body["from_step"] = from_step
+        response, _ = self._request("POST", f"/tasks/{task_id}/retry", json=body,
                                     safe_to_resend=False)
         return Task.from_json(response.json())
 
