@@ -360,3 +360,46 @@ def _waiting_on_a_lock() -> bool:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                        " AND wait_event_type = 'Lock'")
         return cursor.fetchone()[0] > 0
+
+
+def test_a_stale_worker_cannot_write_after_a_retry_from_a_step(owner, temp_workflow):
+    """A worker paused between two steps loses its lease; the dispatcher fails
+    the task (no attempt left) and the operator retries it from its first step.
+    The stale worker wakes, runs its next body and its record is refused (the
+    retry moved the version twice since its claim); the retry's own run
+    records both steps, from the step asked for."""
+    from workflows.engine.run.driver import Run
+
+    calls = []
+    wf = temp_workflow("t.from_step_fence", max_attempts=1)
+
+    @wf.step
+    def fetch(ctx):
+        calls.append("fetch")
+        return len(calls)
+
+    @wf.step
+    def use(ctx):
+        calls.append("use")
+        return {"fetched": ctx.outputs["fetch"]}
+
+    task = task_trigger(owner=owner, key="fence-from", workflow="t.from_step_fence",
+                        payload={}).task
+    pop_queued()
+    stale = Run(task.pk, "stale-worker").steps()
+    assert next(stale) == "claimed" and next(stale) == "step"  # fetch about to run
+    assert next(stale) == "step"  # fetch recorded, use recorded started: paused before its body
+    expire_lease(task.pk)
+    assert dispatch_once().failed == 1
+    task_retry(task_id=task.pk, user=owner, from_step="fetch")
+    assert list(StepCheckpoint.objects.filter(task_id=task.pk).order_by("index")
+                .values_list("state", flat=True)) == ["pending", "pending"]
+    with pytest.raises(StopIteration):
+        while True:
+            next(stale)  # use's body runs; its record is refused: the run ends
+    assert list(StepCheckpoint.objects.filter(task_id=task.pk).order_by("index")
+                .values_list("state", flat=True)) == ["pending", "pending"]
+    drain(lambda: Task.objects.get(pk=task.pk).is_finished)
+    task.refresh_from_db()
+    assert calls == ["fetch", "use", "fetch", "use"]
+    assert task.state == S.SUCCEEDED and task.result == {"fetched": 3}  # the second fetch
