@@ -356,9 +356,9 @@ def preflight(only: str | None) -> None:
 
 def main() -> None:
     only = os.environ.get("BENCH_ONLY") or None
-    if only not in (None, "embedded", "metrics", "waiting"):
-        raise SystemExit(f"BENCH_ONLY={only!r}: the sections that run alone are 'embedded', "
-                         "'metrics' and 'waiting'")
+    if only is not None and only not in ALONE:
+        raise SystemExit(f"BENCH_ONLY={only!r}: the sections that run alone are "
+                         + ", ".join(repr(name) for name in ALONE))
     preflight(only)
     plan = QUICK if quick() else FULL
     for stale in (LOGS, OUT / "probe"):  # the last run's logs; bench/out is ours alone
@@ -366,14 +366,8 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
     bench = Bench(plan)
-    if only == "metrics":
-        only_metrics(bench, load_start)
-        return
-    if only == "waiting":
-        only_waiting(bench, load_start)
-        return
     if only:
-        only_embedded(bench, load_start)
+        only_section(bench, load_start, only)
         return
     bench.run()
     results = bench.results
@@ -399,17 +393,31 @@ def main() -> None:
     say(f"wrote {RESULTS_MD.relative_to(ROOT)} in {bench.elapsed() / 60:.1f} min")
 
 
-def only_embedded(bench: Bench, load_start) -> None:
-    """Run section 9 alone and put it into bench/results.md in place of the
-    last one (the other sections stay as the last full run left them)."""
+# The sections that run alone (BENCH_ONLY): number, title, the run, the table.
+ALONE = {
+    "embedded": (9, EMBEDDED_TITLE, lambda bench: bench.embedded(),
+                 lambda results, goals: embedded_section(results)),
+    "metrics": (10, METRICS_TITLE, lambda bench: bench.metrics(), metrics_section),
+    "waiting": (11, WAITING_TITLE, lambda bench: bench.waiting(), waiting_section),
+}
+
+
+def only_section(bench: Bench, load_start, only: str) -> None:
+    """Run section `only` alone and put it into bench/results.md in place of
+    the last one (the other sections stay as the last full run left them); its
+    goals become notes of the section (the goals table is the full run's)."""
+    number, title, run, table = ALONE[only]
     if bench.workload("prepare", "bench.workloads.prepare", env=pilot_env("orm")) is None:
         raise SystemExit("could not prepare the bench database:\n" + bench.failures[-1])
-    bench.embedded()
+    run(bench)
     results = bench.results
     results["failures"] = bench.failures
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "results-embedded.json").write_text(json.dumps(results, indent=1, default=str))
-    sections = embedded_section(results)
+    (OUT / f"results-{only}.json").write_text(json.dumps(results, indent=1, default=str))
+    goals: list[Goal] = []
+    sections = table(results, goals)
+    sections[0].notes += [f"Goal — {g.name}: {g.figure} (target {g.target}): {g.verdict}."
+                          for g in goals]
     if bench.failures:
         sections.append(Section("Workloads that failed", ["workload and error (see "
                                                           "bench/out/logs/)"],
@@ -417,71 +425,17 @@ def only_embedded(bench: Bench, load_start) -> None:
     meta = [m.split("; peers")[0] + "." if "; peers" in m else m  # no peers ran
             for m in machine_meta(bench.plan, load_start, os.getloadavg(),
                                   bench.elapsed() / 60)]
-    print(report.render_text(EMBEDDED_TITLE, meta, sections, []))
+    print(report.render_text(title, meta, sections, []))
     section = report.render_markdown("x", [], sections, [], [])
-    section = section[section.index(f"## {EMBEDDED_TITLE}"):]
-    section = section.replace("\n\n", "\n\nMeasured alone (BENCH_ONLY=embedded), not in "
+    section = section[section.index(f"## {title}"):]
+    section = section.replace("\n\n", f"\n\nMeasured alone (BENCH_ONLY={only}), not in "
                               "the run above:\n\n" + "\n".join(f"- {m}" for m in meta)
                               + "\n\n", 1)
-    RESULTS_MD.write_text(splice_section(RESULTS_MD.read_text(), EMBEDDED_TITLE, section))
-    say(f"updated section 9 of {RESULTS_MD.relative_to(ROOT)} in "
-        f"{bench.elapsed() / 60:.1f} min")
-
-
-def only_metrics(bench: Bench, load_start) -> None:
-    """Run section 10 alone and put it into bench/results.md in place (the other
-    sections stay as the last full run left them)."""
-    if bench.workload("prepare", "bench.workloads.prepare", env=pilot_env("orm")) is None:
-        raise SystemExit("could not prepare the bench database:\n" + bench.failures[-1])
-    bench.metrics()
-    results = bench.results
-    results["failures"] = bench.failures
-    (OUT / "results-metrics.json").write_text(json.dumps(results, indent=1, default=str))
-    goals: list[Goal] = []
-    sections = metrics_section(results, goals)
-    meta = [m.split("; peers")[0] + "." if "; peers" in m else m
-            for m in machine_meta(bench.plan, load_start, os.getloadavg(),
-                                  bench.elapsed() / 60)]
-    print(report.render_text(METRICS_TITLE, meta, sections, []))
-    section = report.render_markdown("x", [], sections, [], [])
-    section = section[section.index(f"## {METRICS_TITLE}"):]
-    section = section.replace("\n\n", "\n\nMeasured alone (BENCH_ONLY=metrics), not in "
-                              "the run above:\n\n" + "\n".join(f"- {m}" for m in meta)
-                              + "\n\n", 1)
-    RESULTS_MD.write_text(splice_section(RESULTS_MD.read_text(), METRICS_TITLE, section))
-    say(f"updated section 10 of {RESULTS_MD.relative_to(ROOT)} in "
+    RESULTS_MD.write_text(splice_section(RESULTS_MD.read_text(), title, section))
+    say(f"updated section {number} of {RESULTS_MD.relative_to(ROOT)} in "
         f"{bench.elapsed() / 60:.1f} min")
     if bench.failures:
-        raise SystemExit("the metrics workload failed:\n" + bench.failures[-1])
-
-
-def only_waiting(bench: Bench, load_start) -> None:
-    """Run section 11 alone and put it into bench/results.md in place (the other
-    sections stay as the last full run left them)."""
-    if bench.workload("prepare", "bench.workloads.prepare", env=pilot_env("orm")) is None:
-        raise SystemExit("could not prepare the bench database:\n" + bench.failures[-1])
-    bench.waiting()
-    results = bench.results
-    results["failures"] = bench.failures
-    (OUT / "results-waiting.json").write_text(json.dumps(results, indent=1, default=str))
-    goals: list[Goal] = []
-    sections = waiting_section(results, goals)
-    meta = [m.split("; peers")[0] + "." if "; peers" in m else m
-            for m in machine_meta(bench.plan, load_start, os.getloadavg(),
-                                  bench.elapsed() / 60)]
-    print(report.render_text(WAITING_TITLE, meta, sections, goals))
-    sections[0].notes += [f"Goal — {g.name}: {g.figure} (target {g.target}): {g.verdict}."
-                          for g in goals]  # (the goals table is the full run's)
-    section = report.render_markdown("x", [], sections, [], [])
-    section = section[section.index(f"## {WAITING_TITLE}"):]
-    section = section.replace("\n\n", "\n\nMeasured alone (BENCH_ONLY=waiting), not in "
-                              "the run above:\n\n" + "\n".join(f"- {m}" for m in meta)
-                              + "\n\n", 1)
-    RESULTS_MD.write_text(splice_section(RESULTS_MD.read_text(), WAITING_TITLE, section))
-    say(f"updated section 11 of {RESULTS_MD.relative_to(ROOT)} in "
-        f"{bench.elapsed() / 60:.1f} min")
-    if bench.failures:
-        raise SystemExit("a waiting workload failed:\n" + bench.failures[-1])
+        raise SystemExit(f"a workload of section {number} failed:\n" + bench.failures[-1])
 
 
 def splice_section(markdown: str, title: str, section: str) -> str:
