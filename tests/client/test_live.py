@@ -74,6 +74,19 @@ def test_a_failed_run_is_retried_from_its_checkpoints(pilot):
         pilot.retry(pilot.wait(pilot.trigger("demo.echo", {}).task_id, 60).id)
 
 
+def test_a_cancelled_run_is_retried_from_a_chosen_step(pilot):
+    run = pilot.trigger("demo.slow", {"steps": 3, "seconds": 0.5})
+    pilot.cancel(run.task_id)
+    assert pilot.wait(run.task_id, timeout=60).state == "cancelled"
+    with pytest.raises(pilot_client.ValidationError) as caught:
+        pilot.retry(run.task_id, from_step="no-such-step")
+    assert caught.value.status == 400 and "no-such-step" in caught.value.detail
+    with pytest.raises(pilot_client.ValidationError):
+        pilot.retry(run.task_id, from_step="s0", from_start=True)
+    assert pilot.retry(run.task_id, from_step="s1").state == "pending"
+    assert pilot.wait(run.task_id, timeout=60).state == "succeeded"
+
+
 def test_get_and_list_follow_the_cursor_pages(pilot):
     keys = [pilot.trigger("demo.echo", {"i": i}).key for i in range(5)]
     listed = list(pilot.list(workflow="demo.echo", page_size=2))
