@@ -81,7 +81,7 @@ test-sqlite: $(VENV)/.installed-dev
 
 MODEL_TEST := tests/faults/test_engine_model.py
 
-## test-model: the engine model alone on PostgreSQL (PILOT_MODEL_EXAMPLES, 2 000 by
+## test-model: the engine model alone on PostgreSQL (PILOT_MODEL_EXAMPLES, 1 200 by
 ## default, in four parts on TEST_WORKERS workers; make test runs it inside the
 ## PostgreSQL pass). docs/testing.md, "Where the time goes", has the suite's split.
 test-model: $(VENV)/.installed-dev

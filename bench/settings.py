@@ -19,3 +19,7 @@ ROOT_URLCONF = "bench.urls"
 # probes and scrapers of a real deployment do; a TLS proxy is not part of what
 # is measured.
 SECURE_SSL_REDIRECT = False
+
+# The benchmark scrapes /metrics itself (bench/workloads/metrics_churn.py), on
+# loopback: open, as `make run` has it, instead of behind PILOT_METRICS_TOKEN.
+PILOT_METRICS_PUBLIC = True
