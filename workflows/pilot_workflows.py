@@ -3,4 +3,4 @@
 from workflows.conf import pilot_settings
 
 if pilot_settings.PILOT_DEMO_WORKFLOWS:
-    from workflows.demo import workflows  # noqa: F401  (registers demo.*)
+    from workflows.demo import tasks, workflows  # noqa: F401  (registers demo.* and the tasks)
