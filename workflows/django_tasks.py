@@ -1,4 +1,4 @@
-"""PILOT as a backend for Django's task framework (docs/django-tasks.md; SPEC §18).
+"""PILOT as a backend for Django's task framework (docs/django-tasks.md).
 
     TASKS = {"default": {"BACKEND": "workflows.django_tasks.PilotTaskBackend"}}
 

@@ -1,4 +1,4 @@
-"""workflows/django_tasks.py: Django's task framework on PILOT (SPEC §18), in
+"""workflows/django_tasks.py: Django's task framework on PILOT, in
 process — enqueue through the idempotent trigger, run by the real worker entry
 point (drain), read back with get_result/refresh."""
 
@@ -270,8 +270,8 @@ def test_a_worker_that_never_imported_the_module_finds_the_task_by_name():
     assert [s.name for s in found.steps] == ["greet"]
 
 
-def test_names_outside_installed_apps_import_nothing():
-    assert "tests.support.slow_dns" not in sys.modules
+def test_names_outside_installed_apps_import_nothing(monkeypatch):
+    monkeypatch.delitem(sys.modules, "tests.support.slow_dns", raising=False)
     assert registry.find("tests.support.slow_dns.anything") is None
     assert "tests.support.slow_dns" not in sys.modules
     assert registry.find("workflows.demo.tasks.missing") is None

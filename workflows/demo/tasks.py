@@ -1,4 +1,4 @@
-"""The demo tasks of Django's task framework (SPEC §18; docs/django-tasks.md):
+"""The demo tasks of Django's task framework (docs/django-tasks.md):
 `@task` functions that PILOT runs as one-step workflows named by their module
 path. Registered with the demo workflows (PILOT_DEMO_WORKFLOWS), on the first
 PilotTaskBackend of settings.TASKS; without one there are none.
@@ -9,13 +9,11 @@ PilotTaskBackend of settings.TASKS; without one there are none.
                                                     per order)
 """
 
-from workflows.apps import pilot_task_backend_alias
+from workflows.django_tasks import pilot_task_backend_alias, task
 
 BACKEND = pilot_task_backend_alias()
 
 if BACKEND is not None:
-    from workflows.django_tasks import task
-
     @task(backend=BACKEND)
     def add(a, b):
         return a + b
