@@ -1,6 +1,6 @@
 """Identical enqueues of a keyed Django task at the same instant, on PostgreSQL,
 with real threads and separate connections: PILOT's trigger makes one task, one
-message, and every caller gets the same TaskResult id (SPEC §18)."""
+message, and every caller gets the same TaskResult id."""
 
 import pytest
 
