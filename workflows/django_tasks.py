@@ -43,7 +43,7 @@ import contextvars
 import dataclasses
 import importlib
 import inspect
-import logging
+import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -77,8 +77,6 @@ from workflows.registry import NAME_RE, Workflow, registry
 from workflows.rules.fingerprint import derive_key
 from workflows.rules.states import Source, TaskState
 from workflows.selectors import task_with_attempts
-
-logger = logging.getLogger("pilot.django_tasks")
 
 STATUS = {
     TaskState.PENDING: TaskResultStatus.READY,
@@ -173,16 +171,21 @@ def heartbeat() -> None:
     ctx.heartbeat()
 
 
+_registering = threading.Lock()
+
+
 def workflow_for(task: Task) -> TaskWorkflow:
-    """The workflow `task` runs as, registered now if it is not yet. A task of
+    """The workflow `task` runs as, registered now if it is not yet (under a
+    lock: two threads of a web process may load one name at once). A task of
     the same path defined again (its module reloaded) replaces the old one."""
-    found = registry.registered(task.module_path)
-    if isinstance(found, TaskWorkflow) and found.task.func is task.func:
-        return found
-    if found is not None and not isinstance(found, TaskWorkflow):
-        raise InvalidTask(f"{task.module_path} is already the name of a PILOT workflow")
-    registry.unregister(task.module_path)
-    return registry.register(TaskWorkflow(task))  # type: ignore[return-value]  # registered as given
+    with _registering:
+        found = registry.registered(task.module_path)
+        if isinstance(found, TaskWorkflow) and found.task.func is task.func:
+            return found
+        if found is not None and not isinstance(found, TaskWorkflow):
+            raise InvalidTask(f"{task.module_path} is already the name of a PILOT workflow")
+        registry.unregister(task.module_path)
+        return registry.register(TaskWorkflow(task))  # type: ignore[return-value]  # as given
 
 
 def _load(name: str) -> Workflow | None:

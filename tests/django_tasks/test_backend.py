@@ -270,6 +270,29 @@ def test_a_worker_that_never_imported_the_module_finds_the_task_by_name():
     assert [s.name for s in found.steps] == ["greet"]
 
 
+def test_threads_loading_one_name_at_once_register_it_once():
+    import threading
+
+    name = "tests.testapp.tasks.greet"
+    registry.unregister(name)
+    barrier, found = threading.Barrier(8), []
+
+    def load():
+        barrier.wait(timeout=10)
+        try:
+            found.append(registry.find(name))
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion
+            found.append(exc)
+
+    threads = [threading.Thread(target=load) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(found) == 8 and len({id(w) for w in found}) == 1
+    assert isinstance(found[0], TaskWorkflow)
+
+
 def test_names_outside_installed_apps_import_nothing(monkeypatch):
     monkeypatch.delitem(sys.modules, "tests.support.slow_dns", raising=False)
     assert registry.find("tests.support.slow_dns.anything") is None
