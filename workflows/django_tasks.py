@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import django
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
+from rest_framework import serializers
 
 if TYPE_CHECKING or django.VERSION >= (6, 0):  # django.tasks; the stubs describe it
     from django.tasks import TaskContext, TaskResult, TaskResultStatus
@@ -113,12 +114,21 @@ class PilotTask(Task):
         Task.__post_init__(self)  # validate_task; zero-argument super() fails in slots
 
 
+class TaskArguments(serializers.Serializer):
+    """A Django task's payload, as enqueue() writes it: a trigger from the API
+    or the console must send the same shape."""
+
+    args = serializers.ListField(required=False)
+    kwargs = serializers.DictField(required=False)
+
+
 class TaskWorkflow(Workflow):
     """The one-step workflow a Django task runs as; `task` is the Task object
     its module defines."""
 
     def __init__(self, task: Task) -> None:
         super().__init__(task.module_path, max_attempts=getattr(task, "max_attempts", 3),
+                         payload_serializer=TaskArguments,
                          description=f"Django task {task.module_path} "
                                      "(enqueued through django.tasks).")
         self.task = task

@@ -306,6 +306,10 @@ def test_an_api_trigger_of_a_task_workflow_runs_it(owner):
                            payload={"args": [2], "kwargs": {"b": 2}}, key="api-1")
     drain()
     assert add.get_result(str(outcome.task.pk)).return_value == 4
+    with pytest.raises(ValidationFailed) as refused:
+        task_trigger(owner=owner, workflow="workflows.demo.tasks.add",
+                     payload={"args": {"a": 1}, "kwargs": [1]}, key="api-2")
+    assert set(refused.value.errors["payload"]) == {"args", "kwargs"}
 
 
 def test_the_backend_refuses_what_it_cannot_do():
