@@ -132,6 +132,19 @@ def test_an_async_task_runs():
     assert doubled.get_result(result.id).return_value == 42
 
 
+def test_aenqueue_and_aget_result_are_the_same_calls_from_async_code():
+    import asyncio
+
+    async def enqueue_and_read():
+        result = await charge.aenqueue(11, 3)
+        again = await charge.aget_result(result.id)
+        return result, again
+
+    result, again = asyncio.run(enqueue_and_read())
+    assert result.id == again.id and again.status == TaskResultStatus.READY
+    assert charge.enqueue(11, 3).id == result.id
+
+
 def test_arguments_are_bound_by_name_and_extra_positionals_kept_in_order():
     from tests.testapp.tasks import greet, spread
 
