@@ -368,11 +368,17 @@ def _errors(row: Any, attempts: list) -> list[TaskError]:
 
 
 def _class_path(type_name: str) -> str:
+    """The dotted path of the exception class PILOT recorded by name: a
+    builtin's, or one of the step errors `workflows.sdk` exports; otherwise the
+    name alone (PILOT does not record a class's module)."""
     import builtins
 
-    found = getattr(builtins, type_name, None)
-    if isinstance(found, type) and issubclass(found, BaseException):
-        return f"builtins.{type_name}"
+    from workflows.rules import errors
+
+    for module in (builtins, errors):
+        found = getattr(module, type_name, None)
+        if isinstance(found, type) and issubclass(found, BaseException):
+            return f"{found.__module__}.{found.__qualname__}"
     return type_name
 
 

@@ -17,7 +17,7 @@ from workflows.django_tasks import PilotTaskBackend, TaskWorkflow, task
 from workflows.engine import task_trigger
 from workflows.models import Task
 from workflows.registry import registry
-from workflows.rules.errors import IdempotencyKeyReused, ValidationFailed
+from workflows.rules.errors import IdempotencyKeyReused, RetryableError, ValidationFailed
 from workflows.rules.states import Source, TaskState
 
 try:
@@ -109,7 +109,7 @@ def test_retries_are_pilots_and_every_attempt_is_reported():
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 4
     assert len(result.worker_ids) == 2 and result.attempts == 2
     [error] = result.errors
-    assert error.exception_class_path == "RetryableError"
+    assert error.exception_class is RetryableError
     assert Task.objects.get(pk=result.id).attempts == 2
 
 
