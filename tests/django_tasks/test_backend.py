@@ -135,9 +135,15 @@ def test_an_async_task_runs():
 def test_aenqueue_and_aget_result_are_the_same_calls_from_async_code():
     import asyncio
 
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
     async def enqueue_and_read():
-        result = await charge.aenqueue(11, 3)
-        again = await charge.aget_result(result.id)
+        try:
+            result = await charge.aenqueue(11, 3)
+            again = await charge.aget_result(result.id)
+        finally:  # the framework's calls ran in asgiref's thread: close its connection
+            await sync_to_async(connections.close_all, thread_sensitive=True)()
         return result, again
 
     result, again = asyncio.run(enqueue_and_read())
