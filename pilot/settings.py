@@ -299,6 +299,12 @@ if REDIS_URL:
 else:
     Q_CLUSTER["orm"] = "default"
 
+# --- Django's task framework ------------------------------------------------------
+# `@task` functions enqueued through django.tasks (the `django_tasks` backport on
+# Django 5.2) run as PILOT tasks: docs/django-tasks.md.
+
+TASKS = {"default": {"BACKEND": "workflows.django_tasks.PilotTaskBackend"}}
+
 # --- logging ---------------------------------------------------------------------
 # JSON lines on stdout by default (one object per record: timestamp, level, event,
 # trace_id, task_id, workflow, attempt, duration_ms, ...); `text` for people

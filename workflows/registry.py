@@ -392,6 +392,17 @@ def _is_number(value) -> bool:
 class Registry:
     def __init__(self):
         self._workflows: dict[str, Workflow] = {}
+        # Callables name -> Workflow | None, asked for a name not registered yet:
+        # workflows that register themselves when their module is imported
+        # (a Django task's, workflows/django_tasks.py), so every process finds
+        # them by name whether or not it imported that module.
+        self._loaders: list[Callable[[str], Workflow | None]] = []
+
+    def add_loader(self, loader: Callable[[str], Workflow | None]) -> None:
+        """Ask `loader(name)` for a workflow `find` does not know (once added,
+        a second add is a no-op). The loader registers what it returns."""
+        if loader not in self._loaders:
+            self._loaders.append(loader)
 
     def define(self, name: str, **options) -> Workflow:
         """Create and register a workflow; a second workflow of the same name is
@@ -417,6 +428,20 @@ class Registry:
         return workflow
 
     def find(self, name) -> Workflow | None:
+        """The workflow called `name`, registered or brought in by a loader;
+        None if there is none."""
+        if not isinstance(name, str):
+            return None
+        workflow = self._workflows.get(name)
+        if workflow is None and NAME_RE.match(name):
+            for loader in self._loaders:
+                workflow = loader(name)
+                if workflow is not None:
+                    break
+        return workflow
+
+    def registered(self, name) -> Workflow | None:
+        """The workflow registered as `name`, without asking the loaders."""
         return self._workflows.get(name) if isinstance(name, str) else None
 
     def all(self) -> list[Workflow]:

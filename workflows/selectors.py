@@ -43,6 +43,28 @@ def task_get_for(user, task_id) -> Task:
     return task
 
 
+def task_with_attempts(task_id) -> tuple[Task, list] | None:
+    """The task `task_id` and its attempts' transitions, oldest first — its
+    claims and the failures that ended an attempt — or None for a malformed
+    or unknown id. Not scoped to a user: for trusted server code (Django's
+    task framework's `get_result`, workflows/django_tasks.py). Two queries."""
+    from django.db.models import Q
+
+    from workflows.models import TaskTransition
+
+    try:
+        pk = uuid.UUID(str(task_id))
+    except (TypeError, ValueError, AttributeError):
+        return None
+    task = Task.objects.filter(pk=pk).first()
+    if task is None:
+        return None
+    ended = Q(from_state=TaskState.RUNNING, transition__in=("schedule_retry", "fail", "compensate"))
+    attempts = list(TaskTransition.objects.filter(ended | Q(transition="claim"), task_id=pk)
+                    .order_by("at", "id"))
+    return task, attempts
+
+
 def _parse_time(name: str, raw: str) -> datetime:
     """`raw` as an aware datetime in UTC, or ValidationFailed. In UTC because
     ISO 8601 allows offsets up to ±23:59 and PostgreSQL refuses any beyond

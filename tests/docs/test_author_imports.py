@@ -2,7 +2,8 @@
 the docs' code, the demo workflows and the test apps import PILOT through
 `workflows.sdk` — and, where an author's code needs more than a workflow, the
 other doors meant for them: `workflows.testing` (an author's tests),
-`workflows.urls` (a host's URLconf), `workflows.conf` (reading a setting). The
+`workflows.urls` (a host's URLconf), `workflows.conf` (reading a setting),
+`workflows.django_tasks` (Django's `@task` with PILOT's options, `heartbeat`). The
 demo's own tables (`workflows.models`: DemoLedger, DemoOrder) stand in for an
 author's models."""
 
@@ -11,7 +12,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOORS = {"workflows.sdk", "workflows.testing", "workflows.urls", "workflows.conf"}
+DOORS = {"workflows.sdk", "workflows.testing", "workflows.urls", "workflows.conf",
+         "workflows.django_tasks"}
 DEMO_TABLES = {"DemoLedger", "DemoOrder"}
 
 

@@ -57,8 +57,9 @@ def host_venv(tmp_path_factory) -> Path:
     constraints = tmp / "constraints.txt"
     constraints.write_text(re.sub(r"\[[^\]]*\]", "",
                                   (ROOT / "requirements.txt").read_text()))
+    # [tasks]: the django-tasks backport, Django 5.2's task framework (docs/django-tasks.md).
     run([venv / "bin" / "pip", "install", "-q", "--disable-pip-version-check",
-         "-c", constraints, wheel, *extras], cwd=tmp, env=env, timeout=480)
+         "-c", constraints, f"{wheel}[tasks]", *extras], cwd=tmp, env=env, timeout=480)
     return venv
 
 
@@ -195,6 +196,23 @@ def test_the_wheel_runs_inside_a_host_project(host):
                           what="the task to finish")
         assert done["state"] == "succeeded", done
         assert done["result"] == {"sent_to": "a@example.com", "total": 7}
+
+        # A Django task (docs/django-tasks.md): enqueued from the host's own code,
+        # twice — one PILOT task — run by the same workers, read back through the
+        # framework and seen by its owner's API client.
+        enqueue = ("from shop.tasks import ship; "
+                   "print('id', ship.enqueue(7, address='Main St 1').id)")
+        ids = [re.search(r"^id (\S+)$", run([*manage, "shell", "-c", enqueue], cwd=project,
+                                             env=env), re.M).group(1) for _ in range(2)]
+        assert ids[0] == ids[1]
+        shipped = wait_until(lambda: _finished(api, ids[0]), 90, interval=0.3,
+                             what="the Django task to finish")
+        assert (shipped["workflow"], shipped["state"], shipped["result"]) == \
+            ("shop.tasks.ship", "succeeded", {"order": 7, "shipped_to": "Main St 1"})
+        read = run([*manage, "shell", "-c",
+                    f"from shop.tasks import ship; r = ship.get_result({ids[0]!r}); "
+                    "print('status', r.status, r.return_value)"], cwd=project, env=env)
+        assert "status SUCCESSFUL {'order': 7, 'shipped_to': 'Main St 1'}" in read, read
 
         # Step 9: the admin shows it (a session login through the guarded form).
         browser = httpx.Client(base_url=base, timeout=10)

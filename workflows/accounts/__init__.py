@@ -91,7 +91,8 @@ def api_client_create(name: str, *, rotate: bool = False, allow_staff: bool = Fa
     if name in SYSTEM_OWNERS:
         raise ApiClientRefused(
             f"{name!r} is one of PILOT's own owners (the runs the CLI and the schedules "
-            "start belong to it): a token would read every one of them. Choose another NAME.")
+            "start, or Django's tasks, belong to it): a token would read every one of them. "
+            "Choose another NAME.")
     with transaction.atomic():
         user, created = _user_ensure(name)
         if not created and (user.is_staff or user.is_superuser) and not allow_staff:
@@ -288,7 +289,8 @@ def cli_owner_get(username: str | None = None):
 
 
 SCHEDULER_OWNER = "scheduler"
-SYSTEM_OWNERS = frozenset({CLI_OWNER, SCHEDULER_OWNER})
+TASKS_OWNER = "tasks"
+SYSTEM_OWNERS = frozenset({CLI_OWNER, SCHEDULER_OWNER, TASKS_OWNER})
 
 
 def schedule_owner_problem(user) -> str:
@@ -313,6 +315,23 @@ def scheduler_owner_get(username: str | None = None):
     User = get_user_model()
     if username is None or username == SCHEDULER_OWNER:
         return _user_ensure(SCHEDULER_OWNER)[0]
+    try:
+        return User.objects.get(**user_by_name_filter(username))
+    except User.DoesNotExist:
+        raise LookupError(f"no user named {username!r}") from None
+
+
+def tasks_owner_get(username: str | None = None):
+    """The user the tasks enqueued through Django's task framework belong to
+    (workflows/django_tasks.py): without `username`, the `tasks` user (created
+    on first use, without a password or permissions: it only owns tasks), so
+    the keys derived from task arguments have a namespace of their own. With
+    `username` (the backend's OPTIONS["OWNER"]), that existing user, e.g. an
+    API client that should see the runs in its own task list; raises
+    LookupError if there is none."""
+    User = get_user_model()
+    if username is None or username == TASKS_OWNER:
+        return _user_ensure(TASKS_OWNER)[0]
     try:
         return User.objects.get(**user_by_name_filter(username))
     except User.DoesNotExist:

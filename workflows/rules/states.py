@@ -72,3 +72,4 @@ class Source(models.TextChoices):
     ADMIN = "admin", "Admin"
     CLI = "cli", "CLI"
     SCHEDULE = "schedule", "Schedule"
+    TASKS = "tasks", "Django tasks"  # enqueued through workflows/django_tasks.py

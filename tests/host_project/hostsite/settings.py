@@ -132,3 +132,9 @@ PILOT_MAX_PAYLOAD_BYTES = 4096
 LOGGING = {"version": 1, "disable_existing_loggers": False,
            "handlers": {"console": {"class": "logging.StreamHandler"}},
            "root": {"handlers": ["console"], "level": "WARNING"}}
+
+# docs/django-tasks.md: Django's task framework on PILOT (django.tasks on Django 6,
+# the django-tasks backport, pilot-workflows[tasks], on 5.2). The host's tasks
+# belong to its API client, so they show in that client's own task list.
+TASKS = {"default": {"BACKEND": "workflows.django_tasks.PilotTaskBackend",
+                     "OPTIONS": {"OWNER": "shop-backend"}}}
