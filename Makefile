@@ -21,18 +21,56 @@ $(VENV)/.installed-dev: requirements-dev.lock clients/python/pyproject.toml $(VE
 	$(VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e ./clients/python
 	touch $@
 
+# The Django 6 pass's virtualenv (make test-django6), on a Python >= 3.12 that
+# bin/python-for-django6 finds (or PYTHON_DJ6); and the minimum-versions one
+# (make test-min-versions), on $(PYTHON). Both from their hashed locks, like .venv.
+DJ6_VENV := .venv-django6
+MIN_VENV := .venv-min
+$(DJ6_VENV)/.installed: requirements-django6.lock clients/python/pyproject.toml bin/python-for-django6
+	rm -rf $(DJ6_VENV)
+	py=$$(PYTHON_DJ6="$(PYTHON_DJ6)" bin/python-for-django6) && $$py -m venv $(DJ6_VENV)
+	$(DJ6_VENV)/bin/pip install --disable-pip-version-check -q --require-hashes -r requirements-django6.lock
+	$(DJ6_VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e ./clients/python
+	touch $@
+
+$(MIN_VENV)/.installed: requirements-min.lock clients/python/pyproject.toml
+	rm -rf $(MIN_VENV)
+	$(PYTHON) -m venv $(MIN_VENV)
+	$(MIN_VENV)/bin/pip install --disable-pip-version-check -q --require-hashes -r requirements-min.lock
+	$(MIN_VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e ./clients/python
+	touch $@
+
 ## lock: requirements.lock and requirements-dev.lock from requirements*.txt, with hashes
-## (pip-tools, from a throwaway virtualenv: a tool, not a dependency).
+## (pip-tools, from a throwaway virtualenv: a tool, not a dependency); then
+## requirements-django6.lock (on a Python >= 3.12, bin/python-for-django6) and
+## requirements-min.lock: the dev set with the pins of requirements-django6.txt or
+## requirements-min.txt in place of theirs (OVERLAY below).
+LOCK_COMPILE = pip-compile -q --generate-hashes --allow-unsafe --strip-extras \
+	--no-emit-index-url --no-emit-find-links
+# OVERLAY: the pins of the first file, then those of requirements.txt and
+# requirements-dev.txt whose package the first file does not pin (-r and -e lines
+# dropped). Names compare as pip does: lower case, runs of -_. as one -.
+OVERLAY = awk 'function name(s) { s = tolower(s); sub(/[=<>~!\[ ].*/, "", s); \
+	  gsub(/[-_.]+/, "-", s); return s } \
+	NR == FNR { if ($$0 ~ /^[A-Za-z]/) over[name($$0)] = 1; print; next } \
+	/^-[re] / { next } !($$0 ~ /^[A-Za-z]/ && (name($$0) in over))'
 lock:
-	rm -rf .lock-venv .lock-work && $(PYTHON) -m venv .lock-venv && mkdir .lock-work
-	.lock-venv/bin/pip install --disable-pip-version-check -q pip-tools==7.6.2
+	rm -rf .lock-venv .lock-venv-dj6 .lock-work && $(PYTHON) -m venv .lock-venv && mkdir .lock-work
+	py=$$(PYTHON_DJ6="$(PYTHON_DJ6)" bin/python-for-django6) && $$py -m venv .lock-venv-dj6
+	for v in .lock-venv .lock-venv-dj6; do \
+	  $$v/bin/pip install --disable-pip-version-check -q pip-tools==7.6.2 || exit 1; done
 	cp requirements.txt .lock-work/ && grep -v '^-e ' requirements-dev.txt > .lock-work/requirements-dev.txt
-	cd .lock-work && for f in requirements requirements-dev; do \
-	  ../.lock-venv/bin/pip-compile -q --generate-hashes --allow-unsafe --strip-extras \
-	    --no-emit-index-url --no-emit-find-links --output-file $$f.lock $$f.txt || exit 1; \
+	for f in django6 min; do \
+	  $(OVERLAY) requirements-$$f.txt requirements.txt requirements-dev.txt \
+	    > .lock-work/requirements-$$f.txt || exit 1; done
+	cd .lock-work && for f in requirements requirements-dev requirements-min; do \
+	  ../.lock-venv/bin/$(LOCK_COMPILE) --output-file $$f.lock $$f.txt || exit 1; \
 	done
-	mv .lock-work/requirements.lock .lock-work/requirements-dev.lock .
-	rm -rf .lock-venv .lock-work
+	cd .lock-work && ../.lock-venv-dj6/bin/$(LOCK_COMPILE) \
+	  --output-file requirements-django6.lock requirements-django6.txt
+	cd .lock-work && mv requirements.lock requirements-dev.lock requirements-django6.lock \
+	  requirements-min.lock ..
+	rm -rf .lock-venv .lock-venv-dj6 .lock-work
 
 ## run: web server, workers and dispatcher on SQLite with the ORM broker, on
 ## 127.0.0.1, port PILOT_PORT (default 8000). Ctrl-C, or SIGINT/SIGTERM to this make,
@@ -204,4 +242,4 @@ bench: $(VENV)/.installed $(BENCH_VENV)/.installed
 	BENCH_QUICK=$(BENCH_QUICK) $(PY) -m bench.run
 
 clean:
-	rm -rf $(VENV) db.sqlite3 db.sqlite3-wal db.sqlite3-shm staticfiles
+	rm -rf $(VENV) $(DJ6_VENV) $(MIN_VENV) db.sqlite3 db.sqlite3-wal db.sqlite3-shm staticfiles
