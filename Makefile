@@ -127,7 +127,7 @@ CHECK_ENV = env -u DATABASE_URL $(CHECK_KEY)
 ## errors, every migration applied to an empty SQLite database and unapplied to zero,
 ## then on SQLite the tests of what Django draws or routes -- settings checks, models,
 ## commands, the admin (its pages and the browser), the API's doors and schema -- and the
-## host project, which installs the wheel with Django 6. ~N minutes (docs/testing.md).
+## host project, which installs the wheel with Django 6. docs/testing.md, "Where the time goes", has its time.
 DJ6_PY := $(DJ6_VENV)/bin/python
 DJ6_TESTS := tests/unit tests/models tests/commands tests/host_project \
 	tests/admin/test_tasks.py tests/admin/test_task_page.py tests/admin/test_dashboard.py \
@@ -149,7 +149,7 @@ test-django6: $(DJ6_VENV)/.installed chromium
 
 ## test-min-versions: the engine and the API's smoke tests on SQLite with every
 ## dependency at the lower bound pyproject.toml declares (requirements-min.txt: Django
-## 5.2.0, DRF 3.15.0, croniter 6.0.0, django-q2 1.10.0, ...), on $(PYTHON). ~N minutes.
+## 5.2.0, DRF 3.15.0, croniter 6.0.0, django-q2 1.10.0, ...), on $(PYTHON). ~1 minute.
 MIN_TESTS := tests/engine/test_triggers.py tests/engine/test_runner.py \
 	tests/engine/test_enqueue.py tests/engine/test_schedules.py tests/engine/test_leases.py \
 	tests/api/test_trigger.py tests/api/test_tasks.py tests/api/test_schema.py \
