@@ -4,7 +4,7 @@ BENCH_VENV := bench/.venv
 PY     := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: run test test-sqlite test-model test-main test-pg-orm-broker mutate mutate-ci lint check audit bench bench-cleanup bench-admin bench-tracing clean chromium promtool lock
+.PHONY: run test test-sqlite test-django6 test-min-versions test-model test-main test-pg-orm-broker mutate mutate-ci lint check audit bench bench-cleanup bench-admin bench-tracing clean chromium promtool lock
 
 # Installs come from the lock files: every pin of requirements*.txt with the hash of
 # every file PyPI has for it, checked by pip (--require-hashes). `make lock` renews
@@ -21,18 +21,56 @@ $(VENV)/.installed-dev: requirements-dev.lock clients/python/pyproject.toml $(VE
 	$(VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e ./clients/python
 	touch $@
 
+# The Django 6 pass's virtualenv (make test-django6), on a Python >= 3.12 that
+# bin/python-for-django6 finds (or PYTHON_DJ6); and the minimum-versions one
+# (make test-min-versions), on $(PYTHON). Both from their hashed locks, like .venv.
+DJ6_VENV := .venv-django6
+MIN_VENV := .venv-min
+$(DJ6_VENV)/.installed: requirements-django6.lock clients/python/pyproject.toml bin/python-for-django6
+	rm -rf $(DJ6_VENV)
+	py=$$(PYTHON_DJ6="$(PYTHON_DJ6)" bin/python-for-django6) && $$py -m venv $(DJ6_VENV)
+	$(DJ6_VENV)/bin/pip install --disable-pip-version-check -q --require-hashes -r requirements-django6.lock
+	$(DJ6_VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e ./clients/python
+	touch $@
+
+$(MIN_VENV)/.installed: requirements-min.lock clients/python/pyproject.toml
+	rm -rf $(MIN_VENV)
+	$(PYTHON) -m venv $(MIN_VENV)
+	$(MIN_VENV)/bin/pip install --disable-pip-version-check -q --require-hashes -r requirements-min.lock
+	$(MIN_VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e ./clients/python
+	touch $@
+
 ## lock: requirements.lock and requirements-dev.lock from requirements*.txt, with hashes
-## (pip-tools, from a throwaway virtualenv: a tool, not a dependency).
+## (pip-tools, from a throwaway virtualenv: a tool, not a dependency); then
+## requirements-django6.lock (on a Python >= 3.12, bin/python-for-django6) and
+## requirements-min.lock: the dev set with the pins of requirements-django6.txt or
+## requirements-min.txt in place of theirs (OVERLAY below).
+LOCK_COMPILE = pip-compile -q --generate-hashes --allow-unsafe --strip-extras \
+	--no-emit-index-url --no-emit-find-links
+# OVERLAY: the pins of the first file, then those of requirements.txt and
+# requirements-dev.txt whose package the first file does not pin (-r and -e lines
+# dropped). Names compare as pip does: lower case, runs of -_. as one -.
+OVERLAY = awk 'function name(s) { s = tolower(s); sub(/[=<>~!\[ ].*/, "", s); \
+	  gsub(/[-_.]+/, "-", s); return s } \
+	NR == FNR { if ($$0 ~ /^[A-Za-z]/) over[name($$0)] = 1; print; next } \
+	/^-[re] / { next } !($$0 ~ /^[A-Za-z]/ && (name($$0) in over))'
 lock:
-	rm -rf .lock-venv .lock-work && $(PYTHON) -m venv .lock-venv && mkdir .lock-work
-	.lock-venv/bin/pip install --disable-pip-version-check -q pip-tools==7.6.2
+	rm -rf .lock-venv .lock-venv-dj6 .lock-work && $(PYTHON) -m venv .lock-venv && mkdir .lock-work
+	py=$$(PYTHON_DJ6="$(PYTHON_DJ6)" bin/python-for-django6) && $$py -m venv .lock-venv-dj6
+	for v in .lock-venv .lock-venv-dj6; do \
+	  $$v/bin/pip install --disable-pip-version-check -q pip-tools==7.6.2 || exit 1; done
 	cp requirements.txt .lock-work/ && grep -v '^-e ' requirements-dev.txt > .lock-work/requirements-dev.txt
-	cd .lock-work && for f in requirements requirements-dev; do \
-	  ../.lock-venv/bin/pip-compile -q --generate-hashes --allow-unsafe --strip-extras \
-	    --no-emit-index-url --no-emit-find-links --output-file $$f.lock $$f.txt || exit 1; \
+	for f in django6 min; do \
+	  $(OVERLAY) requirements-$$f.txt requirements.txt requirements-dev.txt \
+	    > .lock-work/requirements-$$f.txt || exit 1; done
+	cd .lock-work && for f in requirements requirements-dev requirements-min; do \
+	  ../.lock-venv/bin/$(LOCK_COMPILE) --output-file $$f.lock $$f.txt || exit 1; \
 	done
-	mv .lock-work/requirements.lock .lock-work/requirements-dev.lock .
-	rm -rf .lock-venv .lock-work
+	cd .lock-work && ../.lock-venv-dj6/bin/$(LOCK_COMPILE) \
+	  --output-file requirements-django6.lock requirements-django6.txt
+	cd .lock-work && mv requirements.lock requirements-dev.lock requirements-django6.lock \
+	  requirements-min.lock ..
+	rm -rf .lock-venv .lock-venv-dj6 .lock-work
 
 ## run: web server, workers and dispatcher on SQLite with the ORM broker, on
 ## 127.0.0.1, port PILOT_PORT (default 8000). Ctrl-C, or SIGINT/SIGTERM to this make,
@@ -44,7 +82,8 @@ run: $(VENV)/.installed
 ## test: the whole suite. Always on SQLite; then, when DATABASE_URL points at
 ## PostgreSQL (and REDIS_URL at Redis), everything again there, including the
 ## races and real-process tests that only PostgreSQL can prove.
-test: $(VENV)/.installed-dev chromium promtool lint check test-sqlite test-main mutate-ci
+test: $(VENV)/.installed-dev chromium promtool lint check test-sqlite test-django6 test-min-versions \
+	test-main mutate-ci
 
 ## chromium: Debian's browser, which the admin's browser test drives through Playwright
 ## (Playwright's own browser download cannot work here), installed when missing.
@@ -78,6 +117,49 @@ XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope
 test-sqlite: $(VENV)/.installed-dev
 	env -u DATABASE_URL -u REDIS_URL -u PILOT_REQUIRE_POSTGRES \
 		$(PY) -m pytest -m "not postgres and not redis" -q $(XDIST) --durations=25
+
+CHECK_KEY = DJANGO_SECRET_KEY=check-only-secret-key-not-for-production-0123456789abcdef
+CHECK_ENV = env -u DATABASE_URL $(CHECK_KEY)
+
+## test-django6: what differs between Django versions, again on the newest Django 6.x
+## (requirements-django6.txt, on the Python >= 3.12 that bin/python-for-django6 finds;
+## PYTHON_DJ6=... to choose): `check` and `makemigrations --check` with warnings as
+## errors, every migration applied to an empty SQLite database and unapplied to zero,
+## then on SQLite the tests of what Django draws or routes -- settings checks, models,
+## commands, the admin (its pages and the browser), the API's doors and schema -- and the
+## host project, which installs the wheel with Django 6. docs/testing.md, "Where the time goes", has its time.
+DJ6_PY := $(DJ6_VENV)/bin/python
+DJ6_TESTS := tests/unit tests/models tests/commands tests/host_project \
+	tests/admin/test_tasks.py tests/admin/test_task_page.py tests/admin/test_dashboard.py \
+	tests/admin/test_console_pages.py tests/admin/test_actions.py tests/admin/test_guard.py \
+	tests/admin/test_browser.py \
+	tests/api/test_trigger.py tests/api/test_tasks.py tests/api/test_schema.py \
+	tests/api/test_embedding.py tests/api/test_access.py tests/api/test_tokens.py
+test-django6: $(DJ6_VENV)/.installed chromium
+	@$(DJ6_PY) -c 'import django, sys; print("Django", django.__version__, "on Python", sys.version.split()[0])'
+	$(CHECK_ENV) $(DJ6_PY) -W error manage.py check
+	$(CHECK_ENV) $(DJ6_PY) -W error manage.py makemigrations --check --dry-run
+	db=$$(mktemp -d) && trap 'rm -rf "$$db"' EXIT && \
+	  env DATABASE_URL=sqlite:///$$db/db.sqlite3 $(CHECK_KEY) \
+	    $(DJ6_PY) -W error manage.py migrate -v0 && \
+	  env DATABASE_URL=sqlite:///$$db/db.sqlite3 $(CHECK_KEY) \
+	    $(DJ6_PY) -W error manage.py migrate workflows zero -v0
+	env -u DATABASE_URL -u REDIS_URL -u PILOT_REQUIRE_POSTGRES \
+		$(DJ6_PY) -m pytest -m "not postgres and not redis" -q $(XDIST) --durations=10 $(DJ6_TESTS)
+
+## test-min-versions: the engine and the API's smoke tests on SQLite with every
+## dependency at the lower bound pyproject.toml declares (requirements-min.txt: Django
+## 5.2.0, DRF 3.15.0, croniter 6.0.0, django-q2 1.10.0, ...), on $(PYTHON). ~1 minute.
+MIN_TESTS := tests/engine/test_triggers.py tests/engine/test_runner.py \
+	tests/engine/test_enqueue.py tests/engine/test_schedules.py tests/engine/test_leases.py \
+	tests/api/test_trigger.py tests/api/test_tasks.py tests/api/test_schema.py \
+	tests/unit/test_cron.py
+test-min-versions: $(MIN_VENV)/.installed
+	@$(MIN_VENV)/bin/python -c 'import django, rest_framework, django_q, croniter, sys; \
+	  print("Django", django.__version__, "DRF", rest_framework.VERSION, "on Python", sys.version.split()[0])'
+	env -u DATABASE_URL -u REDIS_URL -u PILOT_REQUIRE_POSTGRES \
+		$(MIN_VENV)/bin/python -m pytest -m "not postgres and not redis" -q $(XDIST) --durations=10 \
+		$(MIN_TESTS)
 
 MODEL_TEST := tests/faults/test_engine_model.py
 
@@ -205,4 +287,4 @@ bench: $(VENV)/.installed $(BENCH_VENV)/.installed
 	BENCH_QUICK=$(BENCH_QUICK) $(PY) -m bench.run
 
 clean:
-	rm -rf $(VENV) db.sqlite3 db.sqlite3-wal db.sqlite3-shm staticfiles
+	rm -rf $(VENV) $(DJ6_VENV) $(MIN_VENV) db.sqlite3 db.sqlite3-wal db.sqlite3-shm staticfiles

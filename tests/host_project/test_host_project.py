@@ -23,6 +23,7 @@ import sys
 import urllib.parse
 from pathlib import Path
 
+import django
 import httpx
 import pytest
 
@@ -53,14 +54,32 @@ def host_venv(tmp_path_factory) -> Path:
     run([sys.executable, "-m", "venv", venv], cwd=tmp, env=env)
     extras = ["psycopg[binary]"] if os.environ.get("DATABASE_URL", "").startswith("postgres") \
         else []
-    # requirements.txt as constraints (pip refuses extras there).
+    # requirements.txt as constraints (pip refuses extras there); in the Django 6 pass
+    # (make test-django6) with requirements-django6.txt's pins in place of its own, so
+    # the host gets the Django this suite runs on.
     constraints = tmp / "constraints.txt"
-    constraints.write_text(re.sub(r"\[[^\]]*\]", "",
-                                  (ROOT / "requirements.txt").read_text()))
+    constraints.write_text(re.sub(r"\[[^\]]*\]", "", _constraints()))
     # [tasks]: the django-tasks backport, Django 5.2's task framework (docs/django-tasks.md).
     run([venv / "bin" / "pip", "install", "-q", "--disable-pip-version-check",
          "-c", constraints, f"{wheel}[tasks]", *extras], cwd=tmp, env=env, timeout=480)
+    # The wheel accepts the Django the suite runs on (5.2 or 6.x): pip kept it, no
+    # downgrade (issue 30, F17: a `<6.0` cap once swapped a host's 6.1 for 5.2).
+    host_django = run([venv / "bin" / "python", "-c", "import django; print(django.__version__)"],
+                      cwd=tmp, env=env).strip()
+    assert host_django == django.__version__
     return venv
+
+
+def _constraints() -> str:
+    pins = (ROOT / "requirements.txt").read_text()
+    if django.VERSION < (6,):
+        return pins
+    override = (ROOT / "requirements-django6.txt").read_text()
+    names = {re.split(r"[=\[]", line)[0].lower() for line in override.splitlines()
+             if re.match(r"[A-Za-z]", line)}
+    kept = [line for line in pins.splitlines()
+            if not (re.match(r"[A-Za-z]", line) and re.split(r"[=\[]", line)[0].lower() in names)]
+    return "\n".join([*kept, override])
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import http.client
 import json
 import sqlite3
 import threading
+from contextlib import closing
 
 import pytest
 
@@ -69,7 +70,7 @@ def test_a_burst_of_identical_triggers_gets_one_task_per_round_and_no_connection
         replays = [replayed for status, replayed, _ in round_answers if status == 200]
         assert replays == ["true"] * (CLIENTS - 1), f"round {r}"
         assert len({task_id for _, _, task_id in round_answers}) == 1, f"round {r}"
-    with sqlite3.connect(run.database) as db:
+    with closing(sqlite3.connect(run.database)) as db:  # `with connect()` does not close
         rows = db.execute("SELECT idempotency_key, COUNT(*) FROM workflows_task "
                           "GROUP BY idempotency_key ORDER BY idempotency_key").fetchall()
     assert rows == [(f"burst-{r}", 1) for r in range(ROUNDS)]

@@ -19,6 +19,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 
 import pytest
 
@@ -79,47 +80,48 @@ def test_the_demos_atomic_steps_all_succeed_side_by_side_on_sqlite(tmp_path):
         log.close()
     try:
         _manage({**env, "EMBEDDED_WORK": json.dumps(work)}, "shell", "-c", TRIGGER)
-        db = sqlite3.connect(database, timeout=30)
-        deadline = time.monotonic() + 240
-        while True:
-            unfinished = db.execute("SELECT count(*) FROM workflows_task WHERE state NOT IN "
-                                    "('succeeded', 'failed', 'cancelled')").fetchone()[0]
-            if not unfinished:
-                break
-            assert all(p.poll() is None for p in procs), (tmp_path / "run_workers.log").read_text()
-            assert time.monotonic() < deadline, f"{unfinished} tasks unfinished"
-            time.sleep(0.5)
-        tasks = db.execute("SELECT id, workflow, payload, state, attempts, error_type "
-                           "FROM workflows_task").fetchall()
-        assert len(tasks) == len(work)
-        for task_id, workflow, raw_payload, state, attempts, error_type in tasks:
-            payload = json.loads(raw_payload)
-            ledger = sorted(r[0] for r in db.execute(
-                "SELECT action FROM workflows_demoledger WHERE task = ?", [task_id]))
-            if workflow == "demo.sync_orders":
-                assert (state, attempts) == ("succeeded", 1), (task_id, error_type)
-                assert db.execute("SELECT count(*) FROM workflows_demoorder WHERE batch = ?",
-                                  [payload["batch"]]).fetchone()[0] == 5
-            elif workflow == "demo.saga" and payload["fail"]:
-                assert (state, attempts, error_type) == ("failed", 1, "NonRetryableError")
-                assert ledger == ["charge", "refund", "release", "reserve"]
-            elif workflow == "demo.saga":
-                assert (state, attempts) == ("succeeded", 1)
-                assert ledger == ["charge", "confirm", "reserve"]
-            else:
-                assert (state, attempts) == ("succeeded", 3), (task_id, error_type)
-        # Not one step or compensation was refused for the lock on the way.
-        assert db.execute("SELECT count(*) FROM workflows_stepcheckpoint "
-                          "WHERE error LIKE '%locked%'").fetchone()[0] == 0
-        assert db.execute("SELECT count(*) FROM workflows_tasktransition WHERE transition = "
-                          "'defer' OR reason LIKE '%locked%'").fetchone()[0] == 0
-        # Two tasks really ran at once (the two clients' slots), so their atomic
-        # steps and heartbeats interleaved.
-        overlaps = db.execute(
-            "SELECT count(*) FROM workflows_task a JOIN workflows_task b ON a.id < b.id "
-            "AND a.owner_id <> b.owner_id AND a.started_at < b.finished_at "
-            "AND b.started_at < a.finished_at").fetchone()[0]
-        assert overlaps > 0
+        with closing(sqlite3.connect(database, timeout=30)) as db:
+            deadline = time.monotonic() + 240
+            while True:
+                unfinished = db.execute("SELECT count(*) FROM workflows_task WHERE state NOT IN "
+                                        "('succeeded', 'failed', 'cancelled')").fetchone()[0]
+                if not unfinished:
+                    break
+                assert all(p.poll() is None for p in procs), \
+                    (tmp_path / "run_workers.log").read_text()
+                assert time.monotonic() < deadline, f"{unfinished} tasks unfinished"
+                time.sleep(0.5)
+            tasks = db.execute("SELECT id, workflow, payload, state, attempts, error_type "
+                               "FROM workflows_task").fetchall()
+            assert len(tasks) == len(work)
+            for task_id, workflow, raw_payload, state, attempts, error_type in tasks:
+                payload = json.loads(raw_payload)
+                ledger = sorted(r[0] for r in db.execute(
+                    "SELECT action FROM workflows_demoledger WHERE task = ?", [task_id]))
+                if workflow == "demo.sync_orders":
+                    assert (state, attempts) == ("succeeded", 1), (task_id, error_type)
+                    assert db.execute("SELECT count(*) FROM workflows_demoorder WHERE batch = ?",
+                                      [payload["batch"]]).fetchone()[0] == 5
+                elif workflow == "demo.saga" and payload["fail"]:
+                    assert (state, attempts, error_type) == ("failed", 1, "NonRetryableError")
+                    assert ledger == ["charge", "refund", "release", "reserve"]
+                elif workflow == "demo.saga":
+                    assert (state, attempts) == ("succeeded", 1)
+                    assert ledger == ["charge", "confirm", "reserve"]
+                else:
+                    assert (state, attempts) == ("succeeded", 3), (task_id, error_type)
+            # Not one step or compensation was refused for the lock on the way.
+            assert db.execute("SELECT count(*) FROM workflows_stepcheckpoint "
+                              "WHERE error LIKE '%locked%'").fetchone()[0] == 0
+            assert db.execute("SELECT count(*) FROM workflows_tasktransition WHERE transition = "
+                              "'defer' OR reason LIKE '%locked%'").fetchone()[0] == 0
+            # Two tasks really ran at once (the two clients' slots), so their atomic
+            # steps and heartbeats interleaved.
+            overlaps = db.execute(
+                "SELECT count(*) FROM workflows_task a JOIN workflows_task b ON a.id < b.id "
+                "AND a.owner_id <> b.owner_id AND a.started_at < b.finished_at "
+                "AND b.started_at < a.finished_at").fetchone()[0]
+            assert overlaps > 0
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -61,6 +61,27 @@ def _has_surrogate(value) -> bool:
     return False
 
 
+# How deep a payload may nest. json.loads alone is no limit: Python 3.11 raises
+# RecursionError near 1 000 levels, Python 3.13 parses 3 000 and more; a value that
+# deep could still fail later (json.dumps, Django's JSONField). The same answer on
+# every Python, well above any real payload.
+MAX_PAYLOAD_DEPTH = 500
+
+
+def _too_deep(value) -> bool:
+    """Whether the JSON `value` nests deeper than MAX_PAYLOAD_DEPTH; iterative."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_PAYLOAD_DEPTH:
+            return True
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values())
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node)
+    return False
+
+
 def parse_payload(text: str):
     """The JSON value of `text`, or a ValidationError that says what is wrong."""
     try:
@@ -75,6 +96,8 @@ def parse_payload(text: str):
         problem = ("a number has too many digits" if "digits" in str(exc)
                    else str(exc)[:200])
         raise forms.ValidationError(f"Not valid JSON: {problem}.") from None
+    if _too_deep(value):
+        raise forms.ValidationError("Not readable: the JSON is nested too deeply.")
     if _has_surrogate(value):
         raise forms.ValidationError(
             "Not valid text: a string contains an unpaired surrogate (\\ud800–\\udfff), "
