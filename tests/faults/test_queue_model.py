@@ -280,6 +280,17 @@ class QueueMachine(RuleBasedStateMachine):
             self.generation[w] += 1
             LANDED["crash"] += 1
 
+    @rule(w=integers(0, WORKERS - 1), points=integers(1, 3))
+    def a_worker_dies_mid_run(self, w, points):
+        """The crash's window, sought: worker w (taking the next due task if it
+        holds none) goes a few writes on and its process dies there — the rule
+        above meets a run only when one happens to be in flight, and some seeds
+        never did (no crash in a whole run)."""
+        if w not in self.runs:
+            self._start(w, None)
+            self._advance(w, points)
+        self.worker_crashes(w)
+
     @rule()
     def message_lost(self):
         with committed():
