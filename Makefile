@@ -126,7 +126,8 @@ CHECK_ENV = env -u DATABASE_URL $(CHECK_KEY)
 ## PYTHON_DJ6=... to choose): `check` and `makemigrations --check` with warnings as
 ## errors, every migration applied to an empty SQLite database and unapplied to zero,
 ## then on SQLite the tests of what Django draws or routes -- settings checks, models,
-## commands, the admin (its pages and the browser), the API's doors and schema -- and the
+## commands, the admin (its pages and the browser), the API's doors and schema, the task
+## backend on django.tasks (tests/django_tasks, docs/django-tasks.md's examples) -- and the
 ## host project, which installs the wheel with Django 6. docs/testing.md, "Where the time goes", has its time.
 DJ6_PY := $(DJ6_VENV)/bin/python
 DJ6_TESTS := tests/unit tests/models tests/commands tests/host_project \
@@ -134,7 +135,8 @@ DJ6_TESTS := tests/unit tests/models tests/commands tests/host_project \
 	tests/admin/test_console_pages.py tests/admin/test_actions.py tests/admin/test_guard.py \
 	tests/admin/test_browser.py \
 	tests/api/test_trigger.py tests/api/test_tasks.py tests/api/test_schema.py \
-	tests/api/test_embedding.py tests/api/test_access.py tests/api/test_tokens.py
+	tests/api/test_embedding.py tests/api/test_access.py tests/api/test_tokens.py \
+	tests/django_tasks tests/docs/test_django_tasks_page.py
 test-django6: $(DJ6_VENV)/.installed chromium
 	@$(DJ6_PY) -c 'import django, sys; print("Django", django.__version__, "on Python", sys.version.split()[0])'
 	$(CHECK_ENV) $(DJ6_PY) -W error manage.py check
