@@ -14,6 +14,9 @@ goal marked met or NOT met, written to bench/results.md.
     BENCH_ONLY=waiting .venv/bin/python -m bench.run
                                                  only section 11 (parked tasks, signals,
                                                  timers on both brokers, ~3 minutes), likewise
+    BENCH_ONLY=fanout .venv/bin/python -m bench.run
+                                                 only section 12 (1 000 children of one
+                                                 parent on both brokers, ~2 minutes), likewise
 
 Each workload is a script run as its own process with the environment it
 needs (bench/workloads/, bench/peers/); this module only orders them, keeps
@@ -55,6 +58,7 @@ from bench.report import Goal, Section
 from bench.tables import (
     E2E_SYSTEMS,
     EMBEDDED_TITLE,
+    FANOUT_TITLE,
     METRICS_TITLE,
     WAITING_TITLE,
     admin_section,
@@ -63,6 +67,7 @@ from bench.tables import (
     cleanup_section,
     e2e_section,
     embedded_section,
+    fanout_section,
     lag_section,
     metrics_section,
     per_run_section,
@@ -105,6 +110,8 @@ class Plan:
     waiting_parked: int = 500
     waiting_signals: int = 100
     waiting_timers: int = 300
+    fanout_reps: int = 2       # per broker (bench/workloads/fanout.py)
+    fanout_children: int = 1000
 
 
 FULL = Plan("full", trigger_reps=3, trigger_seconds=8, batches=3, e2e_reps=3, e2e_runs=2000,
@@ -117,7 +124,8 @@ QUICK = Plan("quick", trigger_reps=2, trigger_seconds=3, batches=1, e2e_reps=1, 
              cleanup_seconds=3, profile_runs=200, embedded_reps=1, embedded_seconds=3,
              embedded_runs=200, admin_tasks=10_000, admin_reps=5, burst_runs=2000,
              wal_runs=300, metrics_recycles=1000, metrics_reps=3, waiting_reps=1,
-             waiting_runs=200, waiting_parked=100, waiting_signals=20, waiting_timers=50)
+             waiting_runs=200, waiting_parked=100, waiting_signals=20, waiting_timers=50,
+             fanout_reps=1, fanout_children=200)
 EMBEDDED_SQLITE = OUT / "embedded.sqlite3"
 
 
@@ -182,6 +190,19 @@ class Bench:
         self.embedded()
         self.metrics()
         self.waiting()
+        self.fanout()
+
+    def fanout(self) -> None:
+        """Section 12: a parent fanning out to children (bench/workloads/fanout.py),
+        each broker in turn, repetitions interleaved."""
+        p = self.plan
+        results: dict = {"orm": [], "redis": []}
+        self.results["fanout"] = results
+        for rep in range(p.fanout_reps):
+            for broker, reps in results.items():
+                reps.append(self.workload(
+                    f"fanout-{broker}-{rep + 1}", "bench.workloads.fanout",
+                    "--children", p.fanout_children, env=pilot_env(broker)))
 
     def waiting(self) -> None:
         """Section 11: parked tasks, signals and timers (bench/workloads/waiting.py),
@@ -348,7 +369,7 @@ def preflight(only: str | None) -> None:
         except OSError:
             raise SystemExit(f"{what} is not listening on 127.0.0.1:{port}; start it "
                              "(.ci/run shows how) and run make bench again") from None
-    if shutil.which("wrk") is None and only != "waiting":
+    if shutil.which("wrk") is None and only not in ("waiting", "fanout"):
         raise SystemExit("wrk is missing: apt-get install wrk (make bench does it)")
     if not BENCH_PY.exists() and not only:
         raise SystemExit("bench/.venv is missing: run `make bench`, which creates it")
@@ -380,7 +401,8 @@ def main() -> None:
                 *cleanup_section(results, goals), *scaling_section(results, goals),
                 *queries_section(results, goals), *admin_section(results, goals),
                 *profile_section(results), *embedded_section(results),
-                *metrics_section(results, goals), *waiting_section(results, goals)]
+                *metrics_section(results, goals), *waiting_section(results, goals),
+                *fanout_section(results, goals)]
     if bench.failures:
         sections.append(Section("Workloads that failed", ["workload and error (see "
                                                           "bench/out/logs/)"],
@@ -399,6 +421,7 @@ ALONE = {
                  lambda results, goals: embedded_section(results)),
     "metrics": (10, METRICS_TITLE, lambda bench: bench.metrics(), metrics_section),
     "waiting": (11, WAITING_TITLE, lambda bench: bench.waiting(), waiting_section),
+    "fanout": (12, FANOUT_TITLE, lambda bench: bench.fanout(), fanout_section),
 }
 
 

@@ -590,3 +590,50 @@ def waiting_section(r: dict, goals: list[Goal]) -> list[Section]:
     return [Section(WAITING_TITLE, ["broker", "short runs: alone → beside parked",
                                     "signal→step p50 ms", "p99 ms", "timer wake late p50 ms",
                                     "p99 ms", "timer→next step p50 / p99 ms"], rows, notes)]
+
+
+FANOUT_TITLE = "12. Children: a fan-out of child tasks and its fan-in"
+
+
+def fanout_section(r: dict, goals: list[Goal]) -> list[Section]:
+    """Section 12 (bench/workloads/fanout.py): per broker, repetitions' medians."""
+    reps = {broker: [x for x in (r.get("fanout") or {}).get(broker, []) if x]
+            for broker in ("orm", "redis")}
+
+    def med(broker: str, key: str):
+        return median([x[key] for x in reps[broker] if x.get(key) is not None])
+
+    if not any(reps.values()):
+        return [Section(FANOUT_TITLE, ["figure", "value"], [["(the workload failed)", ""]])]
+    ratios = [v for v in (med(b, "children_vs_independent") for b in reps) if v is not None]
+    goals.append(Goal("child tasks' rate / the same number of independent triggers (worst "
+                      "broker)", f"{min(ratios):.2f}" if ratios else MISSING, "≥ 0.80",
+                      None if not ratios else min(ratios) >= 0.80))
+    rows = []
+    for b in ("orm", "redis"):
+        if not reps[b]:
+            rows.append([b, "(failed)", "", "", ""])
+            continue
+        rows.append([b, number(med(b, "start_all_ms"), 1),
+                     f"{number(med(b, 'children_runs_per_s'))} vs "
+                     f"{number(med(b, 'independent_runs_per_s'))} "
+                     f"({times(med(b, 'children_vs_independent'))})",
+                     number(med(b, "last_child_to_next_step_ms"), 1),
+                     number(med(b, "parent_wakes"))])
+    x = next(x for b in reps for x in reps[b])
+    notes = [
+        f"Medians of {max(len(v) for v in reps.values())} repetition(s) per broker, "
+        f"{x['workers']} workers, a real qcluster and run_dispatcher. One test.fanout parent "
+        f"starts {x['children']} test.noop3 children in its step spawn (the batch trigger's "
+        "path, a constant handful of statements per batch of 1 000), waits for them (gather) "
+        "and runs one more step (after).",
+        "Start: spawn's start to its checkpoint. Rate: children finished per second from "
+        f"spawn's start, beside {x['children']} independent test.noop3 runs triggered in "
+        "batches of 1 000 (the baseline, timed from the first trigger). Next step: the last "
+        "child's finish to `after` starting — the last ending's settle wakes the parent "
+        "(once), a worker claims it, gather records the results.",
+    ]
+    return [Section(FANOUT_TITLE, ["broker", "start 1 000 children ms"
+                                   if x["children"] == 1000 else "start all children ms",
+                                   "children vs independent runs/s", "last child → parent's "
+                                   "next step ms", "parent woken"], rows, notes)]

@@ -207,6 +207,8 @@ SETTINGS: tuple[Setting, ...] = (
     # Opt-in: the demo.* workflows, and the operator console's branding of the
     # whole admin site (header, title, index page, login page).
     S("PILOT_DEMO_WORKFLOWS", bool, False, "register the demo.* workflows; off in production"),
+    S("PILOT_DEMO_VERSIONS", str, "1",
+      "the versions of demo.versioned registered, comma-separated (1, 2 or 1,2)"),
     S("PILOT_ADMIN_BRANDING", bool, False,
       "the operator console's look for the whole admin site (the standalone project's)"),
 )

@@ -102,11 +102,17 @@ class Wait:
     Durations are numbers or callables of the payload. The task parks —
     `waiting`, holding no worker — until then."""
 
-    kind: str  # "timer" | "signal"
+    kind: str  # "timer" | "signal" | "children"
     seconds: Any = None
     until: Callable[[dict], datetime] | None = None
     signal: str | None = None
     timeout: Any = None
+    # A children wait: the children of step `of_step` (None: every child the
+    # task started), and whether a failed child is an entry of the output
+    # rather than the step's failure (ChildFailed).
+    of_step: str | None = None
+    collect_failures: bool = False
+    output: Callable[[list], Any] | None = None
 
     def deadline(self, payload: dict, now: datetime) -> datetime | None:
         """When the wait ends by itself for `payload`, measured from `now` (a
@@ -116,6 +122,8 @@ class Wait:
             if not isinstance(until, datetime) or until.tzinfo is None:
                 raise ValueError(f"until must return an aware datetime, not {until!r}")
             return max(until, now)
+        if self.kind == "children":
+            return None
         seconds = _seconds_from(self.seconds if self.kind == "timer" else self.timeout,
                                 payload, "seconds" if self.kind == "timer" else "timeout")
         return None if seconds is None else now + timedelta(seconds=seconds)
@@ -154,8 +162,13 @@ class Workflow:
                  plan: Callable[[Workflow, dict], list[Step]] | None = None,
                  description: str = "",
                  schedule: str | Schedule | list[str | Schedule] | None = None,
-                 max_running: int | None = None, concurrency: int | None = None):
+                 max_running: int | None = None, concurrency: int | None = None,
+                 version: int = 1):
         self.name = name
+        # Several versions of one name may be registered at once; a trigger runs
+        # the newest, a task keeps the one it was triggered on (docs/design.md,
+        # "Versions").
+        self.version = version
         # Fair shares (docs/design.md, "Fairness"): this workflow's own per-client
         # cap (instead of PILOT_MAX_RUNNING_PER_CLIENT), and a cap over all clients.
         self.max_running = max_running
@@ -175,7 +188,7 @@ class Workflow:
         self.schedules: tuple[Schedule, ...] = self._schedules_from(schedule)
 
     def __repr__(self) -> str:
-        return f"<Workflow {self.name} steps={[s.name for s in self.steps]}>"
+        return f"<Workflow {self.name} v{self.version} steps={[s.name for s in self.steps]}>"
 
     @property
     def max_attempts(self) -> int:
@@ -247,6 +260,26 @@ class Workflow:
         self._check_duration(timeout, f"timeout of step {name!r}")
         return self._add_wait(name, Wait("signal", signal=signal, timeout=timeout))
 
+    def wait_for_children(self, name: str, *, of_step: str | None = None,
+                          collect_failures: bool = False,
+                          output: Callable[[list], Any] | None = None) -> Step:
+        """Append a children wait: the task parks until every child its steps
+        started (`ctx.start_children`; only those of step `of_step` if given)
+        has ended. Its output is their results in the order they were started.
+        A failed or cancelled child fails the step with ChildFailed — unless
+        `collect_failures`, when the output lists every child as `{"id",
+        "state", "result", "error_type", "error"}` instead. `output`, a
+        callable of that list, shapes the step's output (default: the list)."""
+        if of_step is not None and not any(s.name == of_step for s in self.steps):
+            self._refuse(f"wait_for_children {name!r}: of_step {of_step!r} is not an earlier "
+                         "step")
+        if not isinstance(collect_failures, bool):
+            self._refuse(f"collect_failures of step {name!r} must be True or False")
+        if output is not None and not callable(output):
+            self._refuse(f"output of step {name!r} must be a callable of the gathered list")
+        return self._add_wait(name, Wait("children", of_step=of_step,
+                                         collect_failures=collect_failures, output=output))
+
     def _check_duration(self, value: Any, what: str) -> None:
         if value is None or callable(value):
             return
@@ -284,12 +317,14 @@ class Workflow:
         """A JSON-simple description (API `GET /workflows`, admin page)."""
         return {
             "name": self.name,
+            "version": self.version,
             "description": self.description,
             "steps": [{"index": i, "name": s.name, "atomic": s.atomic,
                        "compensation": getattr(s.compensation, "__name__", None),
                        "compensation_atomic": s.compensation_atomic,
                        "waits_for": None if s.wait is None else
-                       {"kind": s.wait.kind, "signal": s.wait.signal}}
+                       {"kind": s.wait.kind, "signal": s.wait.signal,
+                        "of_step": s.wait.of_step}}
                       for i, s in enumerate(self.steps)],
             "max_attempts": self.policy.max_attempts,
             "backoff": {"initial_seconds": self.policy.initial, "factor": self.policy.factor,
@@ -377,6 +412,9 @@ class Workflow:
             if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool)
                                     or not 1 <= cap <= 1_000_000):
                 self._refuse(f"{label} must be None or an integer from 1 to 1000000")
+        if not isinstance(self.version, int) or isinstance(self.version, bool) \
+                or not 1 <= self.version <= 1_000_000:
+            self._refuse("version must be an integer from 1 to 1000000")
         if self.plan is not None and not callable(self.plan):
             self._refuse("plan must be a callable (workflow, payload) -> steps")
         if not isinstance(self.retry_on, tuple) or not all(
@@ -391,7 +429,9 @@ def _is_number(value) -> bool:
 
 class Registry:
     def __init__(self):
+        # name -> its newest version (what a trigger runs); every version by name.
         self._workflows: dict[str, Workflow] = {}
+        self._versions: dict[str, dict[int, Workflow]] = {}
         # Callables name -> Workflow | None, asked for a name not registered yet:
         # workflows that register themselves when their module is imported
         # (a Django task's, workflows/django_tasks.py), so every process finds
@@ -412,24 +452,38 @@ class Registry:
         return workflow
 
     def register(self, workflow: Workflow) -> Workflow:
-        if workflow.name in self._workflows:
-            raise ImproperlyConfigured(f"workflow {workflow.name!r} is registered twice")
-        self._workflows[workflow.name] = workflow
+        versions = self._versions.setdefault(workflow.name, {})
+        if workflow.version in versions:
+            twice = (f"workflow {workflow.name!r} is registered twice" if workflow.version == 1
+                     else f"version {workflow.version} of workflow {workflow.name!r} is "
+                          "registered twice")
+            raise ImproperlyConfigured(twice)
+        versions[workflow.version] = workflow
+        self._workflows[workflow.name] = versions[max(versions)]
         return workflow
 
-    def unregister(self, name: str) -> None:
-        self._workflows.pop(name, None)
+    def unregister(self, name: str, version: int | None = None) -> None:
+        """Forget workflow `name` (every version, or only `version`)."""
+        versions = self._versions.get(name, {})
+        for v in [version] if version is not None else list(versions):
+            versions.pop(v, None)
+        if versions:
+            self._workflows[name] = versions[max(versions)]
+        else:
+            self._workflows.pop(name, None)
+            self._versions.pop(name, None)
 
     def get(self, name) -> Workflow:
-        """The workflow called `name`; UnknownWorkflow if there is none."""
+        """The newest version of the workflow called `name`; UnknownWorkflow if
+        there is none."""
         workflow = self.find(name)
         if workflow is None:
             raise UnknownWorkflow(f"No workflow is registered as {name!r}")
         return workflow
 
-    def find(self, name) -> Workflow | None:
-        """The workflow called `name`, registered or brought in by a loader;
-        None if there is none."""
+    def find(self, name, version: int | None = None) -> Workflow | None:
+        """The workflow called `name` — its newest version, or `version` —
+        registered or brought in by a loader; None if there is none."""
         if not isinstance(name, str):
             return None
         workflow = self._workflows.get(name)
@@ -438,7 +492,17 @@ class Registry:
                 workflow = loader(name)
                 if workflow is not None:
                     break
-        return workflow
+        if workflow is None or version is None or workflow.version == version:
+            return workflow
+        return self._versions.get(name, {}).get(version)
+
+    def for_task(self, task: Any) -> Workflow | None:
+        """The version of its workflow `task` was triggered on (None: gone)."""
+        return self.find(task.workflow, version=task.version)
+
+    def versions(self, name: str) -> list[Workflow]:
+        """Every registered version of `name`, oldest first."""
+        return [w for _, w in sorted(self._versions.get(name, {}).items())]
 
     def registered(self, name) -> Workflow | None:
         """The workflow registered as `name`, without asking the loaders."""
@@ -456,9 +520,11 @@ class Registry:
                       key=lambda pair: pair[1].name)  # type: ignore[arg-type, return-value]  # named
 
     def validate_all(self) -> None:
-        for workflow in self._workflows.values():
-            if not workflow.steps:
-                raise ImproperlyConfigured(f"workflow {workflow.name!r} has no steps")
+        for versions in self._versions.values():
+            for workflow in versions.values():
+                if not workflow.steps:
+                    raise ImproperlyConfigured(f"workflow {workflow.name!r} (version "
+                                               f"{workflow.version}) has no steps")
         seen: dict[str, str] = {}
         for workflow, spec in self.schedules():
             if spec.name in seen:

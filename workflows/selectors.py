@@ -14,7 +14,8 @@ from workflows.rules.errors import IdempotencyKeyInvalid, TaskNotFound, Validati
 from workflows.rules.keys import normalize_key
 from workflows.rules.states import TaskState
 
-LIST_FILTERS = ("state", "workflow", "idempotency_key", "created_after", "created_before")
+LIST_FILTERS = ("state", "workflow", "idempotency_key", "created_after", "created_before",
+                "parent")
 LIST_CONTROLS = ("cursor", "page_size")
 
 
@@ -117,6 +118,13 @@ def tasks_filtered_for(user, params):
             qs = qs.filter(idempotency_key=normalize_key(params["idempotency_key"]))
         except IdempotencyKeyInvalid as exc:
             raise ValidationFailed(exc.detail, errors={"idempotency_key": [exc.detail]}) from None
+    if "parent" in params:
+        try:
+            parent = uuid.UUID(params["parent"])
+        except ValueError:
+            raise ValidationFailed("parent must be a task id (a UUID)",
+                                   errors={"parent": ["Must be a task id (a UUID)."]}) from None
+        qs = qs.filter(parent_id=parent)
     if "created_after" in params:
         qs = qs.filter(created_at__gt=_parse_time("created_after", params["created_after"]))
     if "created_before" in params:
@@ -135,6 +143,15 @@ def task_wait_finished(task_id, *, timeout: float, interval: float = 0.2) -> Tas
         if task.is_finished or time.monotonic() >= deadline:
             return task
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+
+def children_by_state(parent_id) -> dict[str, int]:
+    """{state: count} of a parent's children (the task page's summary): one
+    GROUP BY on pilot_task_parent_idx."""
+    from django.db.models import Count
+
+    return dict(Task.objects.filter(parent_id=parent_id).order_by().values_list("state")
+                .annotate(n=Count("*")))
 
 
 def task_counts_by_state(*, timeout_ms: int | None = None) -> dict[str, int]:

@@ -89,7 +89,8 @@ def run_workflow(name: str, payload: dict | None = None, *, key: str | None = No
 
     Waits take no time: a timer (or a signal's timeout) is due at once. A
     signal wait consumes what `signals` sends ({name: payload}, each sent once,
-    before the run, as a partner would early: the mailbox keeps it).
+    before the run, as a partner would early: the mailbox keeps it). Children
+    the task starts run too, in the same rounds, until they end.
 
     `crash_at` / `crash_skip` / `crash_times`: kill the worker at an engine
     fault point (see the module docstring). Raises `WorkflowRunStuck` if the
@@ -112,23 +113,49 @@ def run_workflow(name: str, payload: dict | None = None, *, key: str | None = No
             task = Task.objects.get(pk=task_id)
             if task.is_finished:
                 return task
-            # what waits out a backoff, a timer or a timeout is due now
-            if task_skip_backoff(task_id=task.pk) and task.state == TaskState.WAITING:
-                dispatch_once()  # wakes it
-            try:
-                report = task_run(task_id=task_id)
-                fault_point("before_ack")  # where a worker acknowledges its message
-            except SimulatedCrash:
-                _worker_lost(task_id)
-                continue
-            if report.outcome in ("error", "interrupted"):
-                raise WorkflowRunStuck(
-                    f"the engine could not run task {task_id} ({report.outcome}); see the log")
+            # its children (and theirs) run too, one delivery each a round
+            for child_id in _open_descendants(task_id):
+                _deliver(child_id)
+            _deliver(task_id)
     task = Task.objects.get(pk=task_id)
     if task.is_finished:
         return task
     raise WorkflowRunStuck(f"task {task_id} ({name}) is still {task.state} after "
                            f"{max_deliveries} deliveries")
+
+
+def _deliver(task_id) -> None:
+    """One delivery of `task_id`'s message to a worker in this process."""
+    task = Task.objects.get(pk=task_id)
+    if task.is_finished:
+        return
+    # what waits out a backoff, a timer or a timeout is due now; a parent whose
+    # children all ended is woken by the same pass
+    skipped = task_skip_backoff(task_id=task.pk)
+    if task.state == TaskState.WAITING and (skipped or task.waits_for.get("kind") == "children"):
+        dispatch_once()  # wakes it
+    try:
+        report = task_run(task_id=task_id)
+        fault_point("before_ack")  # where a worker acknowledges its message
+    except SimulatedCrash:
+        _worker_lost(task_id)
+        return
+    if report.outcome in ("error", "interrupted"):
+        raise WorkflowRunStuck(
+            f"the engine could not run task {task_id} ({report.outcome}); see the log")
+
+
+def _open_descendants(task_id) -> list:
+    """The children of `task_id`, theirs and so on, that have not ended."""
+    found: list = []
+    level = [task_id]
+    while level:
+        level = list(Task.objects.filter(parent_id__in=level)
+                     .exclude(state__in=[TaskState.SUCCEEDED, TaskState.FAILED,
+                                         TaskState.CANCELLED])
+                     .order_by("parent_index").values_list("pk", flat=True))
+        found += level
+    return found
 
 
 def _worker_lost(task_id) -> None:

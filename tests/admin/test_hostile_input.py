@@ -77,6 +77,9 @@ def assert_list_answers(client, query: str) -> None:
     ("created_at__year=2026&created_at__month=2&created_at__day=30",
      "created_at__day is not part of a real date"),
     ("payload__has_key=x", "payload__has_key is not a filter of this list"),
+    ("parent=42", "parent is not a task id"),
+    ("version=0", "version must be a whole number"),
+    ("waiting_for=person", "waiting_for is not signal, timer or children"),
 ])
 def test_the_reported_list_filters_are_refused_by_name(operator_client, owner, query, named):
     make_task(owner, key="present")

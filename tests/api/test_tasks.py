@@ -1,6 +1,7 @@
 """Reading, listing, cancelling and retrying tasks; workflows; method and
 media-type errors."""
 
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -22,7 +23,7 @@ def test_a_task_reads_with_its_steps(api):
     assert set(body) == {"id", "idempotency_key", "workflow", "state", "payload", "result",
                          "error", "error_type", "attempts", "max_attempts", "replays",
                          "next_attempt_at", "waiting_for", "run_after", "priority", "source",
-                         "trace_id", "created_at",
+                         "version", "parent", "children_count", "trace_id", "created_at",
                          "started_at", "finished_at", "expires_at", "steps", "callback_url",
                          "deliveries", "signals"}
     assert body["state"] == "succeeded" and body["steps"] == []
@@ -123,3 +124,25 @@ def test_health_and_readiness_need_no_authentication(anon):
     assert ready.status_code == 200
     assert ready.json() == {"status": "ok",
                             "checks": {"database": True, "broker": True, "cache": True}}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_parents_children_are_listed_with_parent_and_the_parent_counts_them(api):
+    """GET /tasks?parent= lists a parent's children; `parent` and
+    `children_count` in the representation (docs/api.md)."""
+    from tests.support.helpers import pop_queued
+    from workflows.worker import run_task
+
+    created = api.post("/api/v1/tasks", {"workflow": "demo.fanout", "payload": {"children": 2}},
+                       format="json", HTTP_IDEMPOTENCY_KEY="fan-1").json()
+    run_task(pop_queued()[0])
+    body = api.get(f"/api/v1/tasks?parent={created['id']}").json()
+    assert len(body["results"]) == 2
+    assert {t["parent"] for t in body["results"]} == {created["id"]}
+    assert {t["source"] for t in body["results"]} == {"child"}
+    shown = api.get(f"/api/v1/tasks/{created['id']}").json()
+    assert shown["children_count"] == 2 and shown["parent"] is None and shown["version"] == 1
+    assert shown["waiting_for"] == {"kind": "children"}
+    bad = api.get("/api/v1/tasks?parent=nope")
+    assert bad.status_code == 400 and bad.json()["code"] == "validation_error"
+    assert api.get(f"/api/v1/tasks?parent={uuid.uuid4()}").json()["results"] == []

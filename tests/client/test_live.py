@@ -87,6 +87,28 @@ def test_a_cancelled_run_is_retried_from_a_chosen_step(pilot):
     assert pilot.wait(run.task_id, timeout=60).state == "succeeded"
 
 
+def test_a_fanout_gathers_its_children_and_lists_them_by_parent(pilot):
+    run = pilot.trigger("demo.fanout", {"children": 3})
+    done = pilot.wait(run.task_id, timeout=60)
+    assert done.state == "succeeded", done.error
+    assert done.result == {"children": 3, "results": [{"completed_steps": 1}] * 3}
+    assert done.children_count == 3 and done.parent is None and done.version == 1
+    children = list(pilot.list(parent=run.task_id))
+    assert len(children) == 3 and {c.parent for c in children} == {run.task_id}
+    assert {c.state for c in children} == {"succeeded"}
+    failing = pilot.wait(pilot.trigger("demo.fanout", {"children": 2, "fail_child": 0}).task_id,
+                         timeout=60)
+    assert (failing.state, failing.error_type) == ("failed", "ChildFailed")
+
+
+def test_a_versioned_run_records_its_version_and_the_steps_it_ran(pilot):
+    run = pilot.trigger("demo.versioned", {})
+    pilot.signal(run.task_id, "go")  # kept until the gate waits for it
+    done = pilot.wait(run.task_id, timeout=60)
+    assert (done.state, done.version) == ("succeeded", 1)
+    assert done.result == {"version": 1, "ran": ["a", "gate", "b"]}
+
+
 def test_get_and_list_follow_the_cursor_pages(pilot):
     keys = [pilot.trigger("demo.echo", {"i": i}).key for i in range(5)]
     listed = list(pilot.list(workflow="demo.echo", page_size=2))

@@ -43,3 +43,22 @@ def signal(ctx):
     from workflows.sdk import LeaseLost
 
     raise LeaseLost("a workflow raising the worker's own signal")
+
+
+fan = define_workflow("test.fanout", max_attempts=3, backoff_initial=0.1, backoff_max=1,
+                      description="Starts `children` runs of test.noop3 (up to 10 000), "
+                                  "waits for them, then one more step (benchmarks).")
+
+
+@fan.step
+def spawn(ctx):
+    count = int(ctx.payload["children"])
+    return len(ctx.start_children("test.noop3", [{"child": i} for i in range(count)]))
+
+
+fan.wait_for_children("gather", output=len)
+
+
+@fan.step
+def after(ctx):
+    return {"children": ctx.outputs["gather"]}

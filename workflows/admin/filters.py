@@ -62,11 +62,12 @@ class OwnerFilter(admin.SimpleListFilter):
 
 class WaitingForFilter(admin.SimpleListFilter):
     """Waiting tasks by what they wait for: a signal (a person's approval, a
-    partner's answer) or a timer (docs/waiting.md)."""
+    partner's answer), a timer (docs/waiting.md) or their children."""
 
     title = "waiting for"
     parameter_name = "waiting_for"
-    CHOICES = (("signal", "a signal (a person)"), ("timer", "a timer"))
+    CHOICES = (("signal", "a signal (a person)"), ("timer", "a timer"),
+               ("children", "its children"))
 
     def lookups(self, request, model_admin):
         return self.CHOICES
@@ -76,3 +77,35 @@ class WaitingForFilter(admin.SimpleListFilter):
         if value not in dict(self.CHOICES):
             return queryset
         return queryset.filter(state="waiting", waiting_for__kind=value)
+
+
+class ParentFilter(admin.SimpleListFilter):
+    """A parent's children (the task page links here). Shown only while it
+    filters: its one choice is the parent asked for."""
+
+    title = "children of"
+    parameter_name = "parent"
+
+    def lookups(self, request, model_admin):
+        value = self.value()
+        return [(value, f"task {value[:8]}")] if value else []
+
+    def queryset(self, request, queryset):
+        return queryset.filter(parent_id=self.value()) if self.value() else queryset
+
+
+class VersionFilter(admin.SimpleListFilter):
+    """Tasks by the version of their workflow they run (the workflows page
+    links here): offered once some workflow has several versions."""
+
+    title = "version"
+    parameter_name = "version"
+
+    def lookups(self, request, model_admin):
+        versions = {w.version for name in registry.names() for w in registry.versions(name)}
+        if self.value():
+            versions.add(int(self.value()))
+        return [(str(v), f"version {v}") for v in sorted(versions)] if len(versions) > 1 else []
+
+    def queryset(self, request, queryset):
+        return queryset.filter(version=int(self.value())) if self.value() else queryset

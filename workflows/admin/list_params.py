@@ -14,6 +14,7 @@ filters through the same check.
 from __future__ import annotations
 
 import re
+import uuid
 from datetime import UTC, date, timedelta
 
 from django.http import QueryDict
@@ -69,6 +70,14 @@ def _anything(value: str) -> str:
     return ""
 
 
+def _task_id(value: str) -> str:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return "is not a task id"
+    return ""
+
+
 def _workflow(value: str) -> str:
     return "is longer than 100 characters" if len(value) > 100 else ""
 
@@ -80,7 +89,10 @@ CHECKS = {
     "state__exact": _state,
     "workflow": _workflow,
     "owner": _int_in(1, 2**63 - 1),
-    "waiting_for": lambda v: "" if v in ("signal", "timer") else "is not signal or timer",
+    "waiting_for": lambda v: "" if v in ("signal", "timer", "children") else
+    "is not signal, timer or children",
+    "parent": _task_id,
+    "version": _int_in(1, 1_000_000),
     "created_at__gte": moment_problem,
     "created_at__lt": moment_problem,
     # 9998: Django's date hierarchy adds a year (or 32 days) to find the range's end.

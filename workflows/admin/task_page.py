@@ -28,6 +28,7 @@ from workflows.engine import CANCELLED_WHILE_RUNNING
 from workflows.models import StepCheckpoint, TaskReplay, TaskTransition
 from workflows.registry import registry
 from workflows.rules.states import StepState, TaskState
+from workflows.selectors import children_by_state
 
 # What the runner writes on the step a cancel stopped; such a step is shown as
 # cancelled, not failed.
@@ -79,7 +80,7 @@ class NowPanel:
 
 def task_plan(task) -> tuple[list | None, str]:
     """(the steps this task's run executes, "") or (None, why not)."""
-    workflow = registry.find(task.workflow)
+    workflow = registry.for_task(task)
     if workflow is None:
         return None, f"workflow {task.workflow} is not registered in this process"
     try:
@@ -177,5 +178,14 @@ def task_page(task, *, now: datetime) -> dict:
         "replays": replays,
         "deliveries": delivery_views(task, now),
         "timeline_svg": task_timeline(task, phases, steps, now=now),
-        "workflow_known": registry.find(task.workflow) is not None,
+        "workflow_known": registry.for_task(task) is not None,
+        # a parent's children by state, in the states' order (one GROUP BY)
+        "children_states": _children_states(task),
     }
+
+
+def _children_states(task) -> list[tuple[str, int]]:
+    if not task.children_count:
+        return []
+    counts = children_by_state(task.pk)
+    return [(state, counts[state]) for state in TaskState.values if counts.get(state)]

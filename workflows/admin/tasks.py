@@ -43,7 +43,13 @@ from workflows.admin import (
 )
 from workflows.admin.actions import CANCEL, RETRY, RETRY_FROM_START, actions_available
 from workflows.admin.clock import DB_NOW, console_now
-from workflows.admin.filters import OwnerFilter, WaitingForFilter, WorkflowFilter
+from workflows.admin.filters import (
+    OwnerFilter,
+    ParentFilter,
+    VersionFilter,
+    WaitingForFilter,
+    WorkflowFilter,
+)
 from workflows.admin.list_params import list_params_check, problems_text
 from workflows.admin.task_page import task_page
 from workflows.admin.text import (
@@ -87,7 +93,8 @@ class TaskAdmin(admin.ModelAdmin):
     list_display = ["short_id", "state_badge", "workflow_link", "key_short", "owner",
                     "attempts_of_max", "replays", "age", "duration", "step_or_error"]
     list_display_links = ["short_id"]
-    list_filter = ["state", WaitingForFilter, WorkflowFilter, OwnerFilter,
+    list_filter = ["state", WaitingForFilter, WorkflowFilter, VersionFilter, ParentFilter,
+                   OwnerFilter,
                    ("created_at", admin.DateFieldListFilter)]
     # The search itself is get_search_results; this only turns the search box on.
     search_fields = ["idempotency_key"]

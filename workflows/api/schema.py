@@ -125,6 +125,8 @@ LIST_PARAMETERS = [
                      description="Bare or RFC 8941 quoted, as in the header."),
     OpenApiParameter("created_after", OpenApiTypes.DATETIME),
     OpenApiParameter("created_before", OpenApiTypes.DATETIME),
+    OpenApiParameter("parent", OpenApiTypes.UUID,
+                     description="Only the children of this task (newest first, as every list)."),
 ]
 
 

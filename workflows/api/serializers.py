@@ -190,13 +190,19 @@ class TaskSerializer(serializers.ModelSerializer):
         "What a `waiting` task waits for; null in every other state."))
     signals = serializers.SerializerMethodField(help_text=(
         "The signals sent to it, oldest first (docs/waiting.md)."))
+    version = serializers.IntegerField(help_text=(
+        "The version of its workflow it was triggered on; every attempt runs that version."))
+    parent = serializers.UUIDField(allow_null=True, source="parent_id", help_text=(
+        "The task whose step started it (a child task), else null."))
+    children_count = serializers.IntegerField(help_text=(
+        "Child tasks its steps started (GET /tasks?parent=<id> lists them)."))
 
     class Meta:
         model = Task
         fields = ["id", "idempotency_key", "workflow", "state", "payload", "result", "error",
                   "error_type", "attempts", "max_attempts", "replays", "next_attempt_at",
-                  "waiting_for", "run_after", "priority", "source", "trace_id",
-                  "created_at", "started_at",
+                  "waiting_for", "run_after", "priority", "source", "version", "parent",
+                  "children_count", "trace_id", "created_at", "started_at",
                   "finished_at", "expires_at", "steps", "callback_url", "deliveries",
                   "signals"]
         read_only_fields = fields
@@ -242,6 +248,10 @@ class ProblemSerializer(serializers.Serializer):
 
 class WorkflowSerializer(serializers.Serializer):
     name = serializers.CharField()
+    version = serializers.IntegerField(help_text="The newest registered version (what a "
+                                       "trigger runs).")
+    versions = serializers.ListField(child=serializers.IntegerField(), help_text=(
+        "Every registered version, oldest first: tasks keep the one they were triggered on."))
     description = serializers.CharField()
     steps = serializers.ListField(child=serializers.DictField())
     max_attempts = serializers.IntegerField()

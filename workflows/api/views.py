@@ -275,5 +275,7 @@ class WorkflowListView(PilotAPIView):
     @documented(operation_id="workflows_list",
                    responses={200: WorkflowSerializer(many=True), **docs.errors(401)})
     def get(self, request):
-        return Response([w.describe() for w in registry.all()])
+        return Response([{**w.describe(),
+                          "versions": [v.version for v in registry.versions(w.name)]}
+                         for w in registry.all()])
 

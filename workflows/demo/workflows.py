@@ -275,3 +275,80 @@ def apply(ctx):
         return {"approved": False}
     DemoLedger.objects.create(task=ctx.task_id, action="apply")
     return {"approved": True, "by": decision.get("by")}
+
+
+# --- demo.fanout ----------------------------------------------------------------------------
+
+class FanoutPayload(serializers.Serializer):
+    children = JSONInteger(min_value=1, max_value=100)
+    child_seconds = JSONNumber(min_value=0, max_value=3600, required=False, default=0)
+    fail_child = JSONInteger(min_value=0, max_value=99, required=False, allow_null=True,
+                             default=None)
+
+
+fanout = define_workflow(
+    "demo.fanout", payload_serializer=FanoutPayload,
+    description="Step spawn starts `children` demo.slow tasks ({\"steps\": 1, \"seconds\": "
+                "child_seconds}; child `fail_child`, 0-based, a failing demo.saga instead); "
+                "step gather waits for them all (the task is `waiting`, holding no worker); "
+                "result {\"children\": n, \"results\": [their results in order]}.")
+
+
+@fanout.step
+def spawn(ctx):
+    count, failing = ctx.payload["children"], ctx.payload.get("fail_child")
+    slow = {"steps": 1, "seconds": float(ctx.payload.get("child_seconds", 0))}
+    if failing is None or failing >= count:
+        return {"children": ctx.start_children("demo.slow", [slow] * count)}
+    # In order: the slow ones before it, the failing saga, the slow ones after.
+    ids = ctx.start_children("demo.slow", [slow] * failing)
+    ids.append(ctx.start_child("demo.saga", {"fail": True}))
+    ids += ctx.start_children("demo.slow", [slow] * (count - failing - 1))
+    return {"children": ids}
+
+
+fanout.wait_for_children("gather", of_step="spawn",
+                         output=lambda results: {"children": len(results), "results": results})
+
+
+# --- demo.versioned -------------------------------------------------------------------------
+
+def _versions() -> list[int]:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from workflows.conf import pilot_settings
+
+    raw = pilot_settings.PILOT_DEMO_VERSIONS or "1"
+    try:
+        versions = sorted({int(v) for v in raw.split(",") if v.strip()})
+    except ValueError:
+        versions = []
+    if not versions or not set(versions) <= {1, 2}:
+        raise ImproperlyConfigured(f"PILOT_DEMO_VERSIONS must list demo.versioned's versions "
+                                   f"(1, 2 or 1,2), not {raw!r}")
+    return versions
+
+
+def _ran(name: str, version: int | None = None):
+    """A step that says which steps ran before it (ctx.outputs is in step
+    order), and — the last — its version."""
+
+    def run(ctx):
+        ran = [*ctx.outputs, name]
+        return {"ran": ran} if version is None else {"version": version, "ran": ran}
+
+    run.__name__ = name
+    return run
+
+
+for _version in _versions():
+    _wf = define_workflow(
+        "demo.versioned", version=_version,
+        description=f"Version {_version}: steps a, gate (waits for signal go), "
+                    f"{'b' if _version == 1 else 'c, b'}; result {{\"version\": v, \"ran\": "
+                    "[steps in the order they ran]}.")
+    _wf.add_step("a", _ran("a"))
+    _wf.wait_for_signal("gate", signal="go")
+    if _version == 2:
+        _wf.add_step("c", _ran("c"))
+    _wf.add_step("b", _ran("b", _version))

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from workflows.engine.children import settle_on_commit
 from workflows.engine.enqueue import deliveries_enqueue_on_commit
 from workflows.engine.store import store
 from workflows.engine.store.orm import Claimed, Moved
 from workflows.models import Task
 from workflows.observability.events import Event, emit_on_commit
+from workflows.rules.states import FINISHED_STATES
 
 
 def announce(fact: Moved | Claimed | None) -> None:
-    """Emit `task_transitioned` for `fact` (a transition, or a claim's own) and
-    enqueue the delivery its ending owes; then the same for the claim the same
+    """Emit `task_transitioned` for `fact` (a transition, or a claim's own),
+    enqueue the delivery its ending owes and, for a child's ending, settle its
+    parent (engine/children.py); then the same for the claim the same
     commit made (`following`). None (nothing happened, or a claim adopted after
     a lost reply, whose commit another process saw) does nothing."""
     move = fact.moved if isinstance(fact, Claimed) else fact
@@ -28,6 +31,8 @@ def announce(fact: Moved | Claimed | None) -> None:
         return
     if move.delivery is not None:
         deliveries_enqueue_on_commit([move.delivery])
+    if move.parent_id is not None and move.to_state in FINISHED_STATES:
+        settle_on_commit(move.parent_id, move.actor)
     emit_on_commit(Event.TASK_TRANSITIONED, task_id=str(move.task_id), workflow=move.workflow,
                    transition=move.transition, from_state=move.from_state,
                    to_state=move.to_state, attempt=move.attempt, actor=move.actor,

@@ -15,6 +15,12 @@
     ctx.heartbeat()     renew the lease during long work; raises (a BaseException)
                         if the task was cancelled or the lease lost
     ctx.sleep(s)        sleep s seconds, heartbeating on the way
+    ctx.start_children(workflow, payloads, suffixes=None)
+                        start child tasks of `workflow` (one per payload),
+                        idempotently: a step run again finds the ones it
+                        started; returns their ids (docs/writing-workflows.md,
+                        "Children")
+    ctx.start_child(workflow, payload, suffix=None)   one of them
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ class Holder(Protocol):
 
     def save_progress(self, index: int, progress: Any) -> None: ...
 
+    def start_children(self, step: str, workflow: str, payloads: list[Any],
+                       suffixes: list[str]) -> list[Any]: ...
+
 
 class StepContext:
     """A step's view of its run; its heartbeat and saved progress are writes of
@@ -69,6 +78,7 @@ class StepContext:
         self._held = held
         self._atomic = atomic
         self._last_check = time.monotonic()
+        self._children_asked = 0  # this run of the step's: the next default suffix
 
     @property
     def _lease(self) -> Lease:
@@ -128,3 +138,31 @@ class StepContext:
                                "to save")
         self._held.save_progress(self.step_index, progress)
         self.progress = progress
+
+    def start_children(self, workflow: str, payloads: list[Any], *,
+                       suffixes: list[str] | None = None) -> list[str]:
+        """Start a child task of `workflow` per payload, as this task's owner;
+        returns their ids in order. Each child's key is derived from this
+        task, this step and its suffix (default: its position among the
+        children this run of the step asked for, "0", "1", …), so a step run
+        again — after a crash, a retry — finds the children it started instead
+        of starting them twice. A payload the child workflow refuses, or a
+        suffix reused for another payload, raises and starts none of its batch."""
+        if self.compensating:
+            raise RuntimeError("a compensation cannot start children")
+        payloads = list(payloads)
+        if suffixes is None:
+            suffixes = [str(self._children_asked + i) for i in range(len(payloads))]
+        suffixes = [str(s) for s in suffixes]
+        if len(suffixes) != len(payloads) or len(set(suffixes)) != len(suffixes):
+            raise ValueError("start_children needs one distinct suffix per payload")
+        self._children_asked += len(payloads)
+        if not payloads:
+            return []
+        started = self._held.start_children(self.step_name, workflow, payloads, suffixes)
+        return [str(task.pk) for task in started]
+
+    def start_child(self, workflow: str, payload: Any, *, suffix: str | None = None) -> str:
+        """`start_children` for one child; its id."""
+        return self.start_children(workflow, [payload],
+                                   suffixes=None if suffix is None else [suffix])[0]

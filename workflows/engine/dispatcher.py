@@ -8,7 +8,8 @@ One pass (`dispatch_once`) reads the database's clock once and then:
    kills its worker every time — `compensate` (→ compensating, for a worker to
    undo its succeeded steps) when something is owed, else `fail`;
    then wakes waiting tasks whose durable timer or signal timeout is due
-   (→ pending, enqueued; docs/waiting.md);
+   (→ pending, enqueued; docs/waiting.md), and parents whose children have
+   all ended when the ending's own settle was lost (engine/children.py);
 2. enqueues work that is due: retries whose backoff elapsed, and compensation
    phases (compensating / cancelling) nobody holds — orphaned by a dead
    worker, deferred by a compensation's backoff, or cancelled while waiting;
@@ -53,6 +54,7 @@ from django.db.models import Count, Min, Q, QuerySet
 from workflows.conf import pilot_settings
 from workflows.engine.announce import move
 from workflows.engine.caps import Slots, blocked_q, caps
+from workflows.engine.children import parents_settle_due
 from workflows.engine.deliveries import deliveries_enqueue_due
 from workflows.engine.enqueue import enqueue_on_commit
 from workflows.engine.leases import worker_id
@@ -110,6 +112,7 @@ def dispatch_once(*, batch: int = BATCH, actor: str | None = None) -> DispatchRe
     report = DispatchReport(db_now=now)
     _recover_expired_leases(now, batch, actor, report)
     _wake_due(now, batch, actor, report)
+    _settle_parents(batch, actor, report)
     _enqueue_due(now, batch, actor, report)
     _enqueue_owed(now, batch, report)
     _reenqueue_lost(now, report)
@@ -149,7 +152,7 @@ def _each(tasks: list[Task], report: DispatchReport, handle: Callable[[Task], No
 
 
 def _policy(task: Task) -> RetryPolicy:
-    workflow = registry.find(task.workflow)
+    workflow = registry.for_task(task)
     return workflow.policy if workflow is not None else _DEFAULT_POLICY
 
 
@@ -222,6 +225,14 @@ def _wake_due(now: datetime, batch: int, actor: str, report: DispatchReport) -> 
             report.woken += 1
 
         _each(tasks, report, wake)
+
+
+def _settle_parents(batch: int, actor: str, report: DispatchReport) -> None:
+    """Parents waiting for children that have all ended — their last child's
+    settle was lost with its process (engine/children.py) — woken."""
+    woken, full = parents_settle_due(batch=batch, actor=actor)
+    report.woken += woken
+    report.full = report.full or full
 
 
 def _stale(now: datetime) -> datetime:

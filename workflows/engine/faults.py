@@ -35,6 +35,7 @@ POINTS = (
     "before_fold_commit",   # a replay group folded (one row kept, the rest deleted), not committed
     "before_park",          # a wait found nothing to consume; its park not yet written
     "before_wake",          # a dispatcher's wake of a due wait written, not committed
+    "child_batch_started",  # a batch of a step's children committed; the next not yet sent
 )
 
 

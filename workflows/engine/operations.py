@@ -73,21 +73,32 @@ def task_cancel(*, task_id: Any, user: Any, reason: str = "", owner_may: bool = 
     is therefore an InvalidTransition."""
     with transaction.atomic():
         task = _lock_for(user, task_id, owner_may=owner_may, action="cancel")
-        now = task.pilot_db_now
-        plan = cancel_plan(task, owed_compensations([task.pk]).get(task.pk, []))
-        if not plan.allowed:
-            raise InvalidTransition(_sentence(plan.summary))
-        if task.state == TaskState.WAITING:  # its wait step ends here, unanswered
-            store().interrupt_steps(task.pk, error="cancelled while waiting", at=now)
-        move(task, "cancel", at=now, actor=actor_for(user), reason=reason,
-             needs_compensation=plan.compensate, now=now,
-             set_fields={"enqueued_at": now} if plan.enqueue else None)
-        if plan.enqueue:
-            enqueue_on_commit([task.pk])
-        emit_on_commit(Event.TASK_CANCEL_REQUESTED, task_id=str(task.pk), workflow=task.workflow,
-                       attempt=task.attempts, to_state=task.state, actor=actor_for(user),
-                       trace_id=task.trace_id or None)
+        cancel_locked_in_tx(task, actor=actor_for(user), reason=reason)
+        if task.children_count:
+            from workflows.engine.children import children_cancel_in_tx
+
+            children_cancel_in_tx([task.pk], actor=actor_for(user),
+                                  reason=f"its parent {task.pk} was cancelled")
     return task
+
+
+def cancel_locked_in_tx(task: Task, *, actor: str, reason: str) -> None:
+    """Cancel `task`, which the caller holds locked and read with the
+    database's time, by its cancel plan; InvalidTransition if it refuses."""
+    now = task.pilot_db_now
+    plan = cancel_plan(task, owed_compensations([task.pk]).get(task.pk, []))
+    if not plan.allowed:
+        raise InvalidTransition(_sentence(plan.summary))
+    if task.state == TaskState.WAITING:  # its wait step ends here, unanswered
+        store().interrupt_steps(task.pk, error="cancelled while waiting", at=now)
+    move(task, "cancel", at=now, actor=actor, reason=reason,
+         needs_compensation=plan.compensate, now=now,
+         set_fields={"enqueued_at": now} if plan.enqueue else None)
+    if plan.enqueue:
+        enqueue_on_commit([task.pk])
+    emit_on_commit(Event.TASK_CANCEL_REQUESTED, task_id=str(task.pk), workflow=task.workflow,
+                   attempt=task.attempts, to_state=task.state, actor=actor,
+                   trace_id=task.trace_id or None)
 
 
 def task_retry(*, task_id: Any, user: Any, from_start: bool = False,

@@ -21,7 +21,7 @@ from typing import Any
 
 from workflows.models import StepCheckpoint, Task
 from workflows.registry import Step, Workflow, registry
-from workflows.rules.errors import UnknownWorkflow, WorkflowChanged
+from workflows.rules.errors import WorkflowChanged, WorkflowVersionMissing
 from workflows.rules.states import TO_COMPENSATE, StepState, TaskState
 
 
@@ -41,10 +41,17 @@ class Plan:
 
     @classmethod
     def build(cls, task: Task, checkpoints: dict[int, StepCheckpoint]) -> Plan:
-        try:
-            workflow = registry.get(task.workflow)
-        except UnknownWorkflow as exc:
-            raise PlanUnavailable(exc.detail, "UnknownWorkflow") from None
+        workflow = registry.for_task(task)
+        if workflow is None:
+            if registry.find(task.workflow) is None:
+                raise PlanUnavailable(f"No workflow is registered as {task.workflow!r}",
+                                      "UnknownWorkflow")
+            missing = WorkflowVersionMissing(
+                f"version {task.version} of {task.workflow} is no longer registered (the "
+                f"task was triggered on it; registered: "
+                f"{', '.join(str(w.version) for w in registry.versions(task.workflow))}); "
+                "no step of another version runs for it")
+            raise PlanUnavailable(str(missing), "WorkflowVersionMissing")
         try:
             steps = list(workflow.steps_for(task.payload))
         except Exception as exc:  # noqa: BLE001 - the workflow's own code raised
@@ -152,10 +159,11 @@ def retry_plan(task: Task, steps: list[StepCheckpoint], *, from_start: bool,
     if task.state not in (TaskState.FAILED, TaskState.CANCELLED):
         return RetryPlan(False, f"a {task.state} task cannot be retried; only failed and "
                                 "cancelled tasks can")
-    workflow = registry.find(task.workflow)
+    workflow = registry.for_task(task)
     if workflow is None:
-        return RetryPlan(False, f"workflow {task.workflow!r} is no longer registered; the "
-                                "task cannot run")
+        gone = (f"workflow {task.workflow!r}" if registry.find(task.workflow) is None
+                else f"version {task.version} of workflow {task.workflow!r}")
+        return RetryPlan(False, f"{gone} is no longer registered; the task cannot run")
     # Finished: their effect is in place (a compensated step's was undone).
     finished = [s for s in steps if s.state in (StepState.SUCCEEDED,
                                                  StepState.COMPENSATION_FAILED,

@@ -98,6 +98,18 @@ class TriggerRequest:
     priority: object = None   # an integer -100..100 (None: 0)
 
 
+@dataclasses.dataclass(frozen=True)
+class ChildOf:
+    """Triggers made by a parent task's step (ctx.start_children): request i of
+    the call becomes the parent's child number `first_index + i`. A child's key
+    is never restarted by a repeat: a step re-run after a crash finds each of
+    its children as it is, whatever state it reached."""
+
+    task_id: Any
+    step: str
+    first_index: int
+
+
 @dataclasses.dataclass
 class TriggerOutcome:
     outcome: str  # created | replayed | restarted
@@ -145,8 +157,8 @@ def task_trigger(*, owner: Any, workflow: Any, payload: Any, key: Any = None,
 
 
 def task_trigger_many(*, owner: Any, requests: list[TriggerRequest], source: str = Source.BATCH,
-                      trace_id: str = "",
-                      traceparent: str = "") -> list[TriggerOutcome | PilotError]:
+                      trace_id: str = "", traceparent: str = "",
+                      parent: ChildOf | None = None) -> list[TriggerOutcome | PilotError]:
     """Trigger up to MAX_BATCH runs in one transaction and a handful of queries.
 
     Returns one entry per request, in input order: a TriggerOutcome, or the
@@ -154,7 +166,7 @@ def task_trigger_many(*, owner: Any, requests: list[TriggerRequest], source: str
     for a malformed batch (empty or too long). `traceparent` (W3C) is the
     caller's trace context; new tasks store it (or, with OpenTelemetry, the
     context of this call's `pilot.trigger` span). Without a `trace_id` one is
-    generated."""
+    generated. With `parent`, the runs are that task's children (ChildOf)."""
     if not requests:
         raise ValidationFailed("A batch needs at least one task",
                                errors={"tasks": ["This list may not be empty."]})
@@ -170,11 +182,12 @@ def task_trigger_many(*, owner: Any, requests: list[TriggerRequest], source: str
             trace_id = tracing.trace_id_of(traceparent)
         else:
             traceparent = tracing.traceparent_for(traceparent, trace_id)
-        return _trigger_many(owner, requests, source, trace_id, traceparent)
+        return _trigger_many(owner, requests, source, trace_id, traceparent, parent)
 
 
 def _trigger_many(owner: Any, requests: list[TriggerRequest], source: str, trace_id: str,
-                  traceparent: str) -> list[TriggerOutcome | PilotError]:
+                  traceparent: str,
+                  parent: ChildOf | None) -> list[TriggerOutcome | PilotError]:
     results: list[Any] = [None] * len(requests)
     prepared: list[_Prepared] = []
     # Every callback URL of the call checked at once, DNS within one deadline.
@@ -188,7 +201,7 @@ def _trigger_many(owner: Any, requests: list[TriggerRequest], source: str, trace
         prepared = _refuse_unsigned(owner, prepared, results)
     outcome: TriggerOutcome | PilotError | None
     if len(prepared) == 1:
-        outcome = _shortcut(owner, prepared[0], source, trace_id, traceparent)
+        outcome = _shortcut(owner, prepared[0], source, trace_id, traceparent, parent)
         if outcome is not None:
             results[prepared[0].index] = outcome
             _report({0: outcome})
@@ -196,7 +209,7 @@ def _trigger_many(owner: Any, requests: list[TriggerRequest], source: str, trace
     if prepared:
         for attempt in range(3):
             try:
-                decided = _decide_all(owner, prepared, source, trace_id, traceparent)
+                decided = _decide_all(owner, prepared, source, trace_id, traceparent, parent)
                 break
             except OperationalError as exc:
                 # Deadlock or serialization failure: the whole transaction rolled
@@ -349,14 +362,14 @@ def _refuse_unsigned(owner: Any, prepared: list[_Prepared],
 
 
 def _shortcut(owner: Any, item: _Prepared, source: str, trace_id: str,
-              traceparent: str) -> TriggerOutcome | None:
+              traceparent: str, parent: ChildOf | None) -> TriggerOutcome | None:
     """A new key or a plain replay through the store's fast path; None when the
     general path must decide (or the store has none). With the ORM broker the
     insert and its queue row share a transaction (the outbox); with Redis the
     statement commits alone and the push follows."""
     if item.run_after is not None:
         return None  # a delayed start is decided against the database's now
-    task = _new_task(owner, item, source, trace_id, traceparent, now=None)
+    task = _new_task(owner, item, source, trace_id, traceparent, now=None, parent=parent)
     with transaction.atomic() if uses_orm_broker() else contextlib.nullcontext():
         decided = store().create_or_replay(task)
         if decided is None:
@@ -369,14 +382,15 @@ def _shortcut(owner: Any, item: _Prepared, source: str, trace_id: str,
 
 
 def _decide_all(owner: Any, prepared: list[_Prepared], source: str, trace_id: str,
-                traceparent: str) -> dict[int, TriggerOutcome | PilotError]:
+                traceparent: str,
+                parent: ChildOf | None) -> dict[int, TriggerOutcome | PilotError]:
     first_by_key: dict[str, _Prepared] = {}
     for item in prepared:
         first_by_key.setdefault(item.key, item)
     with transaction.atomic():
         now = store().db_now()
         rows, created_ids = _insert_and_lock(owner, first_by_key, source, trace_id,
-                                             traceparent, now)
+                                             traceparent, now, parent)
         outcomes: dict[int, TriggerOutcome | PilotError] = {}
         replay_counts: dict[Any, int] = defaultdict(int)
         restarted: list[Task] = []
@@ -386,7 +400,7 @@ def _decide_all(owner: Any, prepared: list[_Prepared], source: str, trace_id: st
                 outcomes[item.index] = TriggerOutcome(CREATED, task)
                 continue
             try:
-                kind = _decide(task, item, owner, now)
+                kind = _decide(task, item, owner, now, restart=parent is None)
             except PilotError as exc:
                 outcomes[item.index] = exc
                 continue
@@ -406,7 +420,8 @@ def _decide_all(owner: Any, prepared: list[_Prepared], source: str, trace_id: st
 
 
 def _insert_and_lock(owner: Any, first_by_key: dict[str, _Prepared], source: str, trace_id: str,
-                     traceparent: str, now: datetime) -> tuple[dict[str, Task], set[Any]]:
+                     traceparent: str, now: datetime,
+                     parent: ChildOf | None) -> tuple[dict[str, Task], set[Any]]:
     """Insert a row for every key that has none (the constraint decides races),
     delete expired rows in the way, and return every key's row locked.
 
@@ -415,7 +430,8 @@ def _insert_and_lock(owner: Any, first_by_key: dict[str, _Prepared], source: str
     created_ids: set[Any] = set()
     todo = dict(first_by_key)
     for _ in range(_RACE_ROUNDS):
-        fresh = {key: _new_task(owner, item, source, trace_id, traceparent, now=now)
+        fresh = {key: _new_task(owner, item, source, trace_id, traceparent, now=now,
+                                parent=parent)
                  for key, item in todo.items()}
         unset = [task for task in fresh.values() if not task.callback_url]
         if unset:
@@ -446,7 +462,7 @@ def _insert_and_lock(owner: Any, first_by_key: dict[str, _Prepared], source: str
 
 
 def _new_task(owner: Any, item: _Prepared, source: str, trace_id: str, traceparent: str, *,
-              now: datetime | None) -> Task:
+              now: datetime | None, parent: ChildOf | None = None) -> Task:
     """A pending task for `item`, not saved. `now` is the database's time (the
     fast path leaves it None and stamps the row with the database's own). Its
     key's lifetime is its workflow's TTL now, whatever the registry says when
@@ -456,10 +472,17 @@ def _new_task(owner: Any, item: _Prepared, source: str, trace_id: str, tracepare
         payload=item.payload, fingerprint=item.fingerprint,
         max_attempts=item.workflow.max_attempts, source=source, trace_id=trace_id[:64],
         traceparent=traceparent, callback_url=item.callback_url,
-        idempotency_ttl=item.workflow.idempotency_ttl,
+        idempotency_ttl=item.workflow.idempotency_ttl, version=item.workflow.version,
         created_at=now, updated_at=now, priority=item.priority, run_after=item.run_after,
-        **_start(item.run_after, now),
+        **_start(item.run_after, now), **_child(parent, item.index),
     )
+
+
+def _child(parent: ChildOf | None, position: int) -> dict[str, Any]:
+    if parent is None:
+        return {}
+    return {"parent_id": parent.task_id, "parent_step": parent.step,
+            "parent_index": parent.first_index + position}
 
 
 def _start(run_after: datetime | None, now: datetime | None) -> dict[str, Any]:
@@ -480,14 +503,16 @@ def _default_endpoint(owner: Any) -> str:
     return url or ""
 
 
-def _decide(task: Task, item: _Prepared, owner: Any, now: datetime) -> str:
+def _decide(task: Task, item: _Prepared, owner: Any, now: datetime, *,
+            restart: bool = True) -> str:
     """Decide on an existing, locked row by the trigger table (docs/design.md,
-    "Idempotent trigger"). Restarts a failed task."""
+    "Idempotent trigger"). Restarts a failed task (unless not to `restart`:
+    a child is found as it is, whatever state it reached)."""
     if task.fingerprint != item.fingerprint:
         raise IdempotencyKeyReused(
             f"Idempotency key {item.key!r} was already used for a different request "
             f"(task {task.pk}); use a new key for a new request")
-    if task.state in REPLAYABLE_STATES:
+    if task.state in REPLAYABLE_STATES or not restart:
         return REPLAYED
     if task.state == TaskState.FAILED:
         task_restart(task, actor=actor_for(owner),

@@ -136,6 +136,20 @@ class Task(ConcurrentTransitionMixin, models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
+    # The version of its workflow it was triggered on; every later attempt,
+    # compensation and wait runs that version's steps (docs/writing-workflows.md,
+    # "Versions").
+    version = models.PositiveIntegerField(default=1, db_default=1)
+    # A child task (docs/writing-workflows.md, "Children"): the task whose step
+    # `parent_step` started it, as its `parent_index`-th child (the order its
+    # parent's wait gathers results in). No database constraint: cleanup deletes
+    # a parent whose key expired without touching children still kept.
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.DO_NOTHING,
+                               db_constraint=False, related_name="children")
+    parent_step = models.CharField(max_length=100, blank=True, default="", db_default="")
+    parent_index = models.PositiveIntegerField(null=True, blank=True)
+    # Children it started, kept by the (fenced) statement that starts them.
+    children_count = models.PositiveIntegerField(default=0, db_default=0)
 
     objects = TaskQuerySet.as_manager()
     # The database's time, annotated on the row by the engine's locking reads.
@@ -184,6 +198,14 @@ class Task(ConcurrentTransitionMixin, models.Model):
             # cleanup_tasks default: finished tasks with expires_at <= now.
             models.Index(fields=["expires_at"], name="pilot_task_expires_idx",
                          condition=Q(expires_at__isnull=False)),
+            # A parent's children in the order it started them (GET /tasks?parent=,
+            # a children wait's gathering, a cancel's cascade).
+            models.Index(fields=["parent", "parent_index"], name="pilot_task_parent_idx",
+                         condition=Q(parent__isnull=False)),
+            # A child's ending asks whether its parent still has an open child:
+            # only the open ones, so the last of 10 000 costs what the first did.
+            models.Index(fields=["parent"], name="pilot_task_open_child_idx",
+                         condition=Q(parent__isnull=False) & ~Q(state__in=FINISHED_STATES)),
             # cleanup_tasks --older-than: finished tasks with finished_at < cutoff.
             models.Index(fields=["finished_at"], name="pilot_task_finished_idx",
                          condition=Q(finished_at__isnull=False)),

@@ -180,6 +180,19 @@ class WorkflowChanged(NonRetryableError):
     that index: resuming would skip the wrong step, so the run stops."""
 
 
+class WorkflowVersionMissing(NonRetryableError):
+    """The version of its workflow a task was triggered on is no longer
+    registered: no step of another version may run for it, so it fails."""
+
+
+class ChildFailed(StepError):
+    """A children wait found a child failed or cancelled (and the step does not
+    collect failures). Not retried unless the workflow's `retry_on` names it:
+    the children stay as they ended; compensations run as for any failure."""
+
+    retryable = None  # type: ignore[assignment]  # the workflow's retry_on decides
+
+
 class SignalTimeout(StepError):
     """A signal wait's timeout passed before its signal came. Not retried unless
     the workflow's `retry_on` names it; compensations run as for any failure."""

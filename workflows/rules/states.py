@@ -73,3 +73,4 @@ class Source(models.TextChoices):
     CLI = "cli", "CLI"
     SCHEDULE = "schedule", "Schedule"
     TASKS = "tasks", "Django tasks"  # enqueued through workflows/django_tasks.py
+    CHILD = "child", "Child"  # started by a parent's step (ctx.start_children)

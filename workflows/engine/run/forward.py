@@ -102,7 +102,7 @@ class Forward:
 
     def _steps(self) -> Generator[str, None, Next]:
         held, plan = self.held, self.plan
-        self.outputs = {plan.steps[i].name: out for i, out in plan.done().items()}
+        self.outputs = {plan.steps[i].name: out for i, out in sorted(plan.done().items())}
         self.todo = plan.todo()
         if not self.todo:  # every step is recorded; the ending was lost with its worker
             held.transition("succeed", result=self.outputs[plan.steps[-1].name],

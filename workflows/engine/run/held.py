@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from django.db import transaction
 from django_fsm import ConcurrentTransition
 
 from workflows.engine import faults
@@ -50,6 +51,8 @@ from workflows.engine.store import rows as step_rows
 from workflows.models import StepCheckpoint, Task, TaskSignal, TaskTransition
 from workflows.observability.events import Event, emit
 from workflows.registry import Step
+from workflows.rules.errors import PilotError, ValidationFailed
+from workflows.rules.states import Source
 
 T = TypeVar("T")
 # Per worker id (this process's), the tasks its runs gave up on while still holding
@@ -173,6 +176,43 @@ class Held:
         (holding the task's row until the enclosing transaction ends)."""
         return self.fenced(lambda lease: self.store.consume_signal(
             lease, name, step=index, at=self.clock.now()))
+
+    def start_children(self, step: str, workflow: str, payloads: list[Any],
+                       suffixes: list[str]) -> list[Task]:
+        """Start (or find, by their keys) the children `suffixes` of step
+        `step` — `workflow` runs with `payloads` — as the task's owner, in one
+        transaction holding the task's row under the fence (engine/children.py).
+        Refused children (a bad payload, a key used for another request) raise
+        their error and start nothing."""
+        from workflows.engine import children
+        from workflows.engine.triggers import MAX_BATCH, ChildOf, TriggerRequest, task_trigger_many
+
+        task = self.task
+        keys = [children.child_key(task.pk, step, suffix) for suffix in suffixes]
+        started: list[Task] = []
+        for first in range(0, len(keys), MAX_BATCH):
+            batch = range(first, min(first + MAX_BATCH, len(keys)))
+            with transaction.atomic():
+                self.fenced(lambda lease: self.store.write_steps(lease, []))  # holds the row
+                base = Task.objects.filter(pk=task.pk).values_list("children_count",
+                                                                    flat=True)[0]
+                outcomes = task_trigger_many(
+                    owner=task.owner, source=Source.CHILD, trace_id=task.trace_id,
+                    traceparent=task.traceparent,
+                    requests=[TriggerRequest(workflow, payloads[i], keys[i]) for i in batch],
+                    parent=ChildOf(task.pk, step, base))
+                for outcome in outcomes:
+                    if isinstance(outcome, PilotError):
+                        raise outcome
+                    started.append(outcome.task)
+                created = sum(o.outcome == "created" for o in outcomes)  # type: ignore[union-attr]  # errors raised
+                if base + created > children.MAX_CHILDREN:
+                    raise ValidationFailed(f"A task may start at most {children.MAX_CHILDREN} "
+                                           "children")
+                self.store.children_counted_in_tx(task.pk, created)
+            task.children_count = base + created
+            faults.fault_point("child_batch_started")
+        return started
 
     def transition(self, name: str, *, reason: str = "", then_claim: bool = False,
                    **kwargs: Any) -> Claimed | None:

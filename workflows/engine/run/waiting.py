@@ -11,6 +11,10 @@ step the forward phase reached does, through the held attempt.
       the oldest stored signal of its name → consumed and the step recorded
       with its payload as output, together; none and the timeout passed →
       SignalTimeout; none → `park`
+    children, in one transaction holding the task's row (a child's ending
+      settles its parent under the same lock, engine/children.py): every child
+      ended → the step recorded with their results (or ChildFailed); one still
+      open → `park`, without a deadline
 
 A parked task holds no worker and no lease; `wake` (a signal, the dispatcher
 for a due timer or timeout) sends it back to pending, and the next claim runs
@@ -28,6 +32,7 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 
 from workflows.engine import faults
+from workflows.engine.children import children_of
 from workflows.engine.plans import Plan
 from workflows.engine.run.held import Held, StepFailure
 from workflows.engine.run.outcomes import (
@@ -43,8 +48,8 @@ from workflows.engine.run.outcomes import (
 )
 from workflows.observability.events import Event
 from workflows.registry import Wait
-from workflows.rules.errors import CancelRequested, SignalTimeout, WorkerSignal
-from workflows.rules.states import StepState, TaskState
+from workflows.rules.errors import CancelRequested, ChildFailed, SignalTimeout, WorkerSignal
+from workflows.rules.states import FINISHED_STATES, StepState, TaskState
 
 Decided = Next | Waited | WaitFailed
 
@@ -78,6 +83,15 @@ class Waiting:
             if until <= self.held.clock.now():
                 return self._record({"until": _iso(until)})
             self._park(until)
+        elif self.wait.kind == "children":
+            try:
+                decided = self.held.atomically(self._children_or_park, self._settle)
+            except StepFailure as failure:
+                return WaitFailed(failure.exc)
+            if decided[0] == "consumed":
+                return Waited(decided[1], last=self.reached.following is None)
+            if decided[0] == "child_failed":
+                return WaitFailed(ChildFailed(decided[1]))
         else:
             try:
                 decided = self.held.atomically(lambda: self._signal_or_park(until),
@@ -106,12 +120,14 @@ class Waiting:
                                  "until": _iso(until)}
         if self.wait.kind == "signal":
             shown["name"] = self.wait.signal
+        if self.wait.kind == "children" and self.wait.of_step is not None:
+            shown["of_step"] = self.wait.of_step
         return shown
 
     def _park(self, until: datetime | None) -> None:
         faults.fault_point("before_park")
-        what = (f"signal {self.wait.signal!r}" if self.wait.kind == "signal"
-                else "a timer")
+        what = {"signal": f"signal {self.wait.signal!r}", "timer": "a timer",
+                "children": "its children"}[self.wait.kind]
         ends = f" until {_iso(until)}" if until is not None else ""
         self.held.transition("park", reason=f"step {self.reached.step.name} waits for "
                                             f"{what}{ends}",
@@ -135,6 +151,37 @@ class Waiting:
             return "timed_out", None
         self._park(until)
         return "parked", None
+
+    def _children_or_park(self) -> tuple[str, Any]:
+        """Inside one transaction holding the task's row (a child's settle
+        locks it too: engine/children.py): the children all ended → the
+        step's output (or a failed one's ChildFailed); one still open → park."""
+        held, r = self.held, self.reached
+        held.fenced(lambda lease: held.store.write_steps(lease, []))  # holds the row
+        children = list(children_of(held.task.pk, self.wait.of_step).values(
+            "id", "state", "result", "error_type", "error"))
+        still_open = sum(child["state"] not in FINISHED_STATES for child in children)
+        if still_open:
+            self._park(None)
+            return "parked", None
+        failed = [c for c in children if c["state"] != TaskState.SUCCEEDED]
+        if failed and not self.wait.collect_failures:
+            first = failed[0]
+            return "child_failed", (
+                f"{len(failed)} of {len(children)} children did not succeed; the first, "
+                f"{first['id']}, is {first['state']}"
+                + (f" ({first['error_type']}: {first['error'][:300]})"
+                   if first["error_type"] else ""))
+        if self.wait.collect_failures:
+            output: Any = [{"id": str(c["id"]), "state": c["state"], "result": c["result"],
+                            "error_type": c["error_type"] or None, "error": c["error"] or None}
+                           for c in children]
+        else:
+            output = [c["result"] for c in children]
+        if self.wait.output is not None:
+            output = self.wait.output(output)
+        held.record_step(self.plan, r.index, r.step, output, r.following)
+        return "consumed", output
 
     def _settle(self) -> tuple[str, Any] | object:
         """After an error in the decision's transaction: did it commit anyway

@@ -106,6 +106,7 @@ class Moved:
     trace_id: str | None
     delivery: str | None = None
     following: Claimed | None = None
+    parent_id: Any = None  # a child's parent (its ending may wake it: engine/children.py)
 
 
 def moved(task: Task, name: str, from_state: str, actor: str,
@@ -114,7 +115,7 @@ def moved(task: Task, name: str, from_state: str, actor: str,
     return Moved(task.pk, task.workflow, name, from_state, task.state, task.attempts, actor,
                  task.trace_id or None,
                  delivery_message_id(task.pk, task.state, task.restarts)
-                 if delivery_owed(task) else None, following)
+                 if delivery_owed(task) else None, following, task.parent_id)
 
 
 @dataclasses.dataclass
@@ -607,6 +608,23 @@ class OrmStore:
         in the caller's transaction; None when there is none."""
         return (Task.objects.select_for_update().annotate(pilot_db_now=Now())
                 .filter(pk=task_id).first())
+
+    @in_callers_transaction
+    def lock_tasks_in_tx(self, rows: QuerySet[Task]) -> list[Task]:
+        """Every task of `rows` (filtered and ordered by the caller — a fixed
+        order, the lock order) FOR UPDATE, waiting for rows others hold, read
+        with the database's time (`pilot_db_now`): a cancel's cascade to a
+        parent's children must reach each of them."""
+        return list(rows.select_for_update().annotate(pilot_db_now=Now()))  # type: ignore[no-redef]  # the annotation
+
+    @in_callers_transaction
+    def children_counted_in_tx(self, task_id: Any, created: int) -> None:
+        """`created` more children of `task_id` (whose row the caller holds
+        under its fence): kept on the row, the representation's
+        `children_count`."""
+        if created:
+            Task.objects.filter(pk=task_id).update(
+                children_count=F("children_count") + created)
 
     def interrupt_steps(self, task_id: Any, *, error: str, at: datetime) -> int:
         """The task's step that was running is recorded failed with `error`: no

@@ -264,7 +264,9 @@ class PostgresStore(OrmStore):
                   "fingerprint": task.fingerprint, "max_attempts": task.max_attempts,
                   "source": task.source, "trace_id": task.trace_id,
                   "traceparent": task.traceparent, "callback_url": task.callback_url,
-                  "idempotency_ttl": task.idempotency_ttl, "priority": task.priority}
+                  "idempotency_ttl": task.idempotency_ttl, "priority": task.priority,
+                  "version": task.version, "parent_id": task.parent_id,
+                  "parent_step": task.parent_step, "parent_index": task.parent_index}
         values = self._row(QUERIES["create_or_replay"], params)
         assert values is not None  # one row always (a LEFT JOIN on one)
         if values["pilot_created_at"] is not None:

@@ -360,6 +360,7 @@ SELECT EXISTS (SELECT FROM fence) AS fenced""",
            (id, owner_id, idempotency_key, workflow, payload, fingerprint, state, error,
             error_type, attempts, max_attempts, lease_token, lease_owner, source,
             trace_id, traceparent, callback_url, restarts, idempotency_ttl, priority,
+            version, parent_id, parent_step, parent_index, children_count,
             created_at, updated_at, enqueued_at, next_attempt_at)
     VALUES (%(id)s, %(owner_id)s, %(key)s, %(workflow)s, %(payload)s::jsonb, %(fingerprint)s,
             'pending', '', '', 0, %(max_attempts)s, 0, '', %(source)s, %(trace_id)s,
@@ -367,7 +368,9 @@ SELECT EXISTS (SELECT FROM fence) AS fenced""",
             COALESCE(NULLIF(%(callback_url)s, ''),
                      (SELECT url FROM workflows_clientwebhook WHERE owner_id = %(owner_id)s),
                      ''),
-            0, %(idempotency_ttl)s, %(priority)s, statement_timestamp(), statement_timestamp(),
+            0, %(idempotency_ttl)s, %(priority)s,
+            %(version)s, %(parent_id)s, %(parent_step)s, %(parent_index)s, 0,
+            statement_timestamp(), statement_timestamp(),
             statement_timestamp(), statement_timestamp())
     ON CONFLICT (owner_id, idempotency_key) DO NOTHING
     RETURNING created_at, callback_url

@@ -176,15 +176,17 @@ class PilotClient:
 
     def list(self, *, state: str | Iterable[str] | None = None, workflow: str | None = None,
              idempotency_key: str | None = None, created_after: str | None = None,
-             created_before: str | None = None, page_size: int | None = None) -> Iterator[Task]:
+             created_before: str | None = None, parent: str | None = None,
+             page_size: int | None = None) -> Iterator[Task]:
         """The client's tasks, newest first, following the cursor pages lazily.
-        `state` may be one state or several; times are ISO 8601 strings."""
+        `state` may be one state or several; times are ISO 8601 strings;
+        `parent`: only that task's children."""
         params: dict[str, str] = {}
         if state is not None:
             params["state"] = state if isinstance(state, str) else ",".join(state)
         for name, value in (("workflow", workflow), ("idempotency_key", idempotency_key),
                             ("created_after", created_after),
-                            ("created_before", created_before),
+                            ("created_before", created_before), ("parent", parent),
                             ("page_size", page_size)):
             if value is not None:
                 params[name] = str(value)

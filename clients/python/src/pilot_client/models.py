@@ -68,6 +68,11 @@ class Task:
     run_after: datetime | None = None
     priority: int = 0
     signals: tuple[Signal, ...] = ()
+    # The version of its workflow it runs; its parent (a child task) or None;
+    # how many child tasks its steps started (`PilotClient.list(parent=...)`).
+    version: int = 1
+    parent: str | None = None
+    children_count: int = 0
 
     @property
     def finished(self) -> bool:
@@ -94,7 +99,9 @@ class Task:
             steps=tuple(Step.from_json(s) for s in data.get("steps") or ()),
             raw=dict(data), waiting_for=data.get("waiting_for"),
             run_after=_when(data.get("run_after")), priority=data.get("priority") or 0,
-            signals=tuple(Signal.from_json(s) for s in data.get("signals") or ()))
+            signals=tuple(Signal.from_json(s) for s in data.get("signals") or ()),
+            version=data.get("version") or 1, parent=data.get("parent"),
+            children_count=data.get("children_count") or 0)
 
 
 @dataclasses.dataclass(frozen=True)
