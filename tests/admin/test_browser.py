@@ -447,3 +447,59 @@ def test_an_operator_approves_a_waiting_task_and_a_real_worker_finishes_it(
     assert LogEntry.objects.filter(object_id=str(task.pk),
                                    change_message__startswith="Sent signal").exists()
     assert page.failures == []
+
+
+def test_a_parent_shows_its_children_and_the_workflows_page_its_versions(
+        live_server, fleet, signed_in, operator_user):
+    """demo.fanout with 4 children, one failing: the parent's page counts its
+    children by state and links to them; a child's page links back; the
+    workflows page lists demo.versioned's versions with their unfinished
+    tasks, at 1440 and 390 px."""
+    page = signed_in
+    parent = task_trigger(owner=operator_user, key=f"fan-{uuid.uuid4().hex[:8]}",
+                          workflow="demo.fanout",
+                          payload={"children": 4, "child_seconds": 0.2, "fail_child": 2}).task
+    wait_until(lambda: Task.objects.get(pk=parent.pk).is_finished, 60,
+               what="the fan-out to end")
+    assert Task.objects.get(pk=parent.pk).error_type == "ChildFailed"
+    page.goto(f"{live_server.url}/admin/workflows/task/{parent.pk}/change/")
+    children = page.locator(".field-children").inner_text()
+    assert "4" in children and "3 succeeded" in children and "1 failed" in children
+    shot(page, "task-children", docs=True)
+    page.click('[data-children-state="failed"]')
+    page.wait_for_selector("#result_list")
+    rows = page.locator("#result_list tbody tr")
+    assert rows.count() == 1 and "demo.saga" in rows.first.inner_text()
+    rows.first.locator("th a, td a").first.click()
+    page.wait_for_selector(".field-parent")
+    assert str(parent.pk)[:8] in page.locator(".field-parent").inner_text()
+    page.click(".field-parent a")
+    page.wait_for_selector(".field-children")
+    waiting = task_trigger(owner=operator_user, key=f"ver-{uuid.uuid4().hex[:8]}",
+                           workflow="demo.versioned", payload={}).task
+    wait_until(lambda: Task.objects.get(pk=waiting.pk).state == S.WAITING, 60,
+               what="the versioned task to wait at its gate")
+    # A deployment adds version 2 (in the web process: what the page reads).
+    from workflows.registry import Workflow, registry
+
+    v2 = Workflow("demo.versioned", version=2)
+    v2.add_step("a", lambda ctx: 1)
+    v2.wait_for_signal("gate", signal="go")
+    v2.add_step("b", lambda ctx: 2)
+    registry.register(v2)
+    try:
+        page.goto(f"{live_server.url}/admin/workflows/task/workflows/#workflow-demo-versioned")
+        versions = page.locator('[data-workflow="demo.versioned"] .pilot-versions')
+        assert "newest" in versions.locator('[data-version="2"]').inner_text()
+        assert versions.locator('[data-version="1"] [data-open]').inner_text() == "1"
+        shot(page, "workflow-versions", docs=True)
+        for width in (1440, 390):
+            page.set_viewport_size({"width": width, "height": 900})
+            assert page_width(page)[0] <= width
+        page.set_viewport_size({"width": 1440, "height": 900})
+        versions.locator('[data-version="1"] [data-open] a').click()
+        page.wait_for_selector("#result_list")
+        assert str(waiting.pk)[:8] in page.locator("#result_list").inner_text()
+    finally:
+        registry.unregister("demo.versioned", 2)
+    assert page.failures == []

@@ -76,6 +76,7 @@ PROMISES = {
     "liveness": "nothing stuck: a lost message or a lost reply strands no task",
     "webhooks": "every ending gets its webhook delivery, sent by one sender at a time",
     "schedules": "one task per schedule slot",
+    "children": "a step's children start once each, and their last ending wakes the parent once",
 }
 
 
@@ -478,6 +479,52 @@ MUTANTS = (
         ("tests/engine/test_deliveries.py::"
          "test_a_resend_moves_the_claim_on_so_a_stale_senders_late_outcome_is_refused",),
         promise="webhooks", ci=False,
+    ),    Mutant(
+        "children-started-unfenced",
+        "a step starts its children without holding the parent's row under its fence (a "
+        "worker that lost the task still starts them)",
+        "workflows/engine/run/held.py",
+        (("                self.fenced(lambda lease: self.store.write_steps(lease, []))  "
+          "# holds the row\n", ""),),
+        ("tests/windows/test_children_windows.py::"
+         "test_a_stale_worker_cannot_start_children_after_its_lease_was_lost",),
+        promise="children", ci=True,
+    ),
+    Mutant(
+        "child-ending-settles-nothing",
+        "a child's ending does not settle its parent (the parent waits for the dispatcher's "
+        "pass, or forever if it is not running)",
+        "workflows/engine/announce.py",
+        (("        settle_on_commit(move.parent_id, move.actor)\n",
+          "        pass\n"),),
+        ("tests/windows/test_children_windows.py::"
+         "test_the_last_two_children_ending_at_once_wake_their_parent_once",
+         "tests/windows/test_children_windows.py::"
+         "test_a_child_ending_while_its_parent_parks_waits_for_the_park_and_wakes_it"),
+        promise="children", ci=False,
+    ),
+    Mutant(
+        "children-wait-looks-without-the-lock",
+        "the children wait reads its children without holding the parent's row (a child "
+        "ending between the look and the park is missed: the parent waits forever)",
+        "workflows/engine/run/waiting.py",
+        (("        held.fenced(lambda lease: held.store.write_steps(lease, []))  "
+          "# holds the row\n", ""),),
+        ("tests/windows/test_children_windows.py::"
+         "test_a_child_ending_while_its_parent_parks_waits_for_the_park_and_wakes_it",),
+        promise="children", ci=False,
+    ),
+    Mutant(
+        "settle-ignores-open-children",
+        "a settle wakes the parent at the first child's ending, whatever is still open",
+        "workflows/engine/children.py",
+        (("    if _open(children_of(parent.pk, awaited.get(\"of_step\"))).exists():\n"
+          "        return False\n", ""),),
+        ("tests/windows/test_children_windows.py::"
+         "test_three_settles_of_a_parent_whose_children_ended_at_once_wake_it_once",
+         "tests/engine/test_children.py::"
+         "test_a_fanout_parks_its_parent_until_every_child_ended_and_gathers_their_results_in_order"),
+        promise="children", ci=False,
     ),
 )
 

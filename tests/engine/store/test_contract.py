@@ -576,7 +576,8 @@ def test_no_hot_statement_reads_a_whole_table(owner):
               "key": "bulk-1", "fingerprint": task.fingerprint, "id": uuid.uuid4(),
               "workflow": "demo.echo", "payload": "{}", "max_attempts": 3, "source": "api",
               "trace_id": "", "traceparent": "", "idempotency_ttl": timedelta(days=1),
-              "progress": "1", "index": 0, "priority": 0}
+              "progress": "1", "index": 0, "priority": 0, "version": 1, "parent_id": None,
+              "parent_step": "", "parent_index": None}
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE workflows_task, workflows_stepcheckpoint, "
                        "workflows_taskreplay, workflows_tasktransition")

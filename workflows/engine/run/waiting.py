@@ -170,8 +170,7 @@ class Waiting:
             return "child_failed", (
                 f"{len(failed)} of {len(children)} children did not succeed; the first, "
                 f"{first['id']}, is {first['state']}"
-                + (f" ({first['error_type']}: {first['error'][:300]})"
-                   if first["error_type"] else ""))
+                + (f" ({first['error'][:300]})" if first["error"] else ""))
         if self.wait.collect_failures:
             output: Any = [{"id": str(c["id"]), "state": c["state"], "result": c["result"],
                             "error_type": c["error_type"] or None, "error": c["error"] or None}
