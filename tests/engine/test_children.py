@@ -121,3 +121,21 @@ def test_a_parents_settle_that_was_lost_is_done_by_the_dispatcher(owner, monkeyp
     run_queued()
     parent.refresh_from_db()
     assert parent.state == S.SUCCEEDED
+
+
+def test_a_child_ending_while_others_are_open_leaves_its_parent_parked(owner):
+    """Woken only by the last ending: an early wake would cost the parent a
+    claim, a look and a park again for every child but the last."""
+    parent = trigger(owner, "demo.fanout", {"children": 3})
+    assert str(parent.pk) in pop_queued()
+    run_task(str(parent.pk))
+    first, second, third = children_of(parent)
+    run_task(str(first.pk))
+    run_task(str(second.pk))
+    parent.refresh_from_db()
+    assert parent.state == S.WAITING
+    assert [t for t, _, _ in audit(parent.pk)] == ["claim", "park"]
+    run_task(str(third.pk))
+    parent.refresh_from_db()
+    assert parent.state == S.PENDING
+    assert [t for t, _, _ in audit(parent.pk)] == ["claim", "park", "wake"]

@@ -520,10 +520,8 @@ MUTANTS = (
         "workflows/engine/children.py",
         (("    if _open(children_of(parent.pk, awaited.get(\"of_step\"))).exists():\n"
           "        return False\n", ""),),
-        ("tests/windows/test_children_windows.py::"
-         "test_three_settles_of_a_parent_whose_children_ended_at_once_wake_it_once",
-         "tests/engine/test_children.py::"
-         "test_a_fanout_parks_its_parent_until_every_child_ended_and_gathers_their_results_in_order"),
+        ("tests/engine/test_children.py::"
+         "test_a_child_ending_while_others_are_open_leaves_its_parent_parked",),
         promise="children", ci=False,
     ),
 )
