@@ -15,7 +15,7 @@ goal marked met or NOT met, written to bench/results.md.
                                                  only section 11 (parked tasks, signals,
                                                  timers on both brokers, ~3 minutes), likewise
     BENCH_ONLY=fanout .venv/bin/python -m bench.run
-                                                 only section 12 (1 000 children of one
+                                                 only section 13 (1 000 children of one
                                                  parent on both brokers, ~2 minutes), likewise
 
 Each workload is a script run as its own process with the environment it
@@ -193,7 +193,7 @@ class Bench:
         self.fanout()
 
     def fanout(self) -> None:
-        """Section 12: a parent fanning out to children (bench/workloads/fanout.py),
+        """Section 13: a parent fanning out to children (bench/workloads/fanout.py),
         each broker in turn, repetitions interleaved."""
         p = self.plan
         results: dict = {"orm": [], "redis": []}
@@ -421,7 +421,7 @@ ALONE = {
                  lambda results, goals: embedded_section(results)),
     "metrics": (10, METRICS_TITLE, lambda bench: bench.metrics(), metrics_section),
     "waiting": (11, WAITING_TITLE, lambda bench: bench.waiting(), waiting_section),
-    "fanout": (12, FANOUT_TITLE, lambda bench: bench.fanout(), fanout_section),
+    "fanout": (13, FANOUT_TITLE, lambda bench: bench.fanout(), fanout_section),
 }
 
 

@@ -592,11 +592,11 @@ def waiting_section(r: dict, goals: list[Goal]) -> list[Section]:
                                     "p99 ms", "timer→next step p50 / p99 ms"], rows, notes)]
 
 
-FANOUT_TITLE = "12. Children: a fan-out of child tasks and its fan-in"
+FANOUT_TITLE = "13. Children: a fan-out of child tasks and its fan-in"
 
 
 def fanout_section(r: dict, goals: list[Goal]) -> list[Section]:
-    """Section 12 (bench/workloads/fanout.py): per broker, repetitions' medians."""
+    """Section 13 (bench/workloads/fanout.py): per broker, repetitions' medians."""
     reps = {broker: [x for x in (r.get("fanout") or {}).get(broker, []) if x]
             for broker in ("orm", "redis")}
 

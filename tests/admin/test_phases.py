@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from workflows.admin.phases import (
     BACKOFF,
+    PARKED,
     WAIT_OR_BACKOFF,
     WAITING,
     retry_delay,
@@ -88,3 +89,19 @@ def test_retry_delay_reads_only_what_the_runner_wrote():
     assert retry_delay("RetryableError; retry in 0.089s") == timedelta(seconds=0.089)
     assert retry_delay("retry in 12s") == timedelta(seconds=12)
     assert retry_delay("operator retry") is None and retry_delay("") is None
+
+
+def test_a_parked_task_is_parked_never_waiting_for_a_worker():
+    """state `waiting` is a wait step's park: no worker is held, so neither
+    the timeline nor the attempt's note may call it "waiting for a worker"."""
+    history = [move(1, "claim", "pending", "running"),
+               move(2, "park", "running", "waiting"),
+               move(62, "wake", "waiting", "pending", actor="dispatcher:d"),
+               move(63, "claim", "pending", "running")]
+    phases = task_phases(task(), history, end=at(64))
+    assert kinds(phases) == [("pending", WAITING, 1.0), ("running", "running", 1.0),
+                             ("waiting", PARKED, 60.0), ("pending", WAITING, 1.0),
+                             ("running", "running", 1.0)]
+    assert phases[2].label.startswith("parked")
+    # The second attempt waited one second for a worker, not a minute.
+    assert waits_before(phases)[at(63)] == "after 1.0 s waiting for a worker"

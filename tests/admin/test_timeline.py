@@ -36,7 +36,7 @@ def test_a_retried_run_shows_each_attempt_each_backoff_and_each_wait(owner):
     states = [s for i, (s, _) in enumerate(drawn) if i == 0 or drawn[i - 1][0] != s]
     assert states == ["pending", "running", "retrying", "running", "retrying", "running",
                       "succeeded"]
-    assert drawn[0] == ("pending", "waiting")  # created, not yet taken by a worker
+    assert drawn[0] == ("pending", "queued")  # created, not yet taken by a worker
     # Each wait after a failure starts with exactly the backoff the runner chose.
     retries = TaskTransition.objects.filter(task_id=task.pk, transition="schedule_retry")
     assert retries.count() == 2
@@ -56,6 +56,6 @@ def test_an_unstarted_task_draws_up_to_now_and_escapes_names(owner, temp_workflo
                         payload={}).task
     StepCheckpoint.objects.create(task=task, index=0, name="a-b_c")
     svg = draw(task)
-    assert lanes(svg) == [("pending", "waiting")]
+    assert lanes(svg) == [("pending", "queued")]
     assert "(now)" in svg and "pending, not started" in svg
     assert "<b>" not in svg

@@ -111,7 +111,7 @@ def test_a_parents_settle_that_was_lost_is_done_by_the_dispatcher(owner, monkeyp
     parent = trigger(owner, "demo.fanout", {"children": 2})
     run_task(pop_queued()[0])
     lost = []
-    monkeypatch.setattr(children, "parent_settle", lambda parent_id, actor: lost.append(
+    monkeypatch.setattr(children, "parent_settle", lambda parent_id, actor, step=None: lost.append(
         parent_id))
     run_queued()
     assert len(lost) == 2  # both endings' settles were lost

@@ -134,7 +134,7 @@ def test_three_settles_of_a_parent_whose_children_ended_at_once_wake_it_once(
 
     parent = trigger(owner, "demo.fanout", {"children": 2})
     run_task(pop_queued()[0])
-    monkeypatch.setattr(announce, "settle_on_commit", lambda parent_id, actor: None)
+    monkeypatch.setattr(announce, "settle_on_commit", lambda parent_id, actor, step=None: None)
     for child in kids(parent):
         run_task(str(child.pk))
     pop_queued()

@@ -4,6 +4,8 @@ Every TaskTransition starts a new state; the console splits the waits so an
 operator can tell them apart:
 
 - `pending` is *waiting for a worker* (the task is due; no worker took it yet);
+- `waiting` is *parked* at a wait step (a timer, a signal, its children): no
+  worker is held, so it is never "waiting for a worker";
 - `retrying` is a *backoff* until the retry is due, then *waiting for a
   worker* again. The due time is known for the current wait
   (`task.next_attempt_at`) and for past waits (the audit reason of
@@ -24,7 +26,8 @@ from workflows.rules.states import TaskState
 # The audit reason of schedule_retry and recover: "…; retry in 0.089s".
 _RETRY_DELAY = re.compile(r"retry in (\d+(?:\.\d+)?)s\b")
 
-WAITING = "waiting"      # due, no worker has taken it
+WAITING = "queued"       # due, no worker has taken it yet
+PARKED = "parked"        # state `waiting`: a wait step parked it, holding no worker
 BACKOFF = "backoff"      # not due yet
 WAIT_OR_BACKOFF = "backoff+waiting"  # a retrying wait whose due time was not recorded
 
@@ -40,6 +43,7 @@ class Phase:
     @property
     def label(self) -> str:
         return {WAITING: "waiting for a worker", BACKOFF: "backoff",
+                PARKED: "parked (a wait step: no worker held)",
                 WAIT_OR_BACKOFF: "retrying (backoff, then waiting for a worker)"
                 }.get(self.kind, self.state)
 
@@ -57,6 +61,8 @@ def retry_delay(reason: str) -> timedelta | None:
 def _split(state, start, end, how, due) -> list[Phase]:
     if state == TaskState.PENDING:
         return [Phase(state, WAITING, start, end, how)]
+    if state == TaskState.WAITING:
+        return [Phase(state, PARKED, start, end, how)]
     if state != TaskState.RETRYING:
         return [Phase(state, state, start, end, how)]
     if due is None:

@@ -147,6 +147,9 @@ def now_panel(task, steps: list[StepView], plan: list | None, phases: list) -> N
                                and s.state in ("planned", StepState.PENDING)]
             panel.progress_text = _progress_text(running.progress)
         return panel
+    if task.state == TaskState.WAITING:
+        return NowPanel(kind="parked", since=current.start, n=len(plan or []),
+                        remaining=[s.name for s in steps if s.state != StepState.SUCCEEDED])
     if current.kind == WAITING:
         return NowPanel(kind="waiting", since=current.start, n=len(plan or []),
                         remaining=[s.name for s in steps if s.state != StepState.SUCCEEDED])

@@ -32,7 +32,7 @@ def announce(fact: Moved | Claimed | None) -> None:
     if move.delivery is not None:
         deliveries_enqueue_on_commit([move.delivery])
     if move.parent_id is not None and move.to_state in FINISHED_STATES:
-        settle_on_commit(move.parent_id, move.actor)
+        settle_on_commit(move.parent_id, move.actor, step=move.parent_step)
     emit_on_commit(Event.TASK_TRANSITIONED, task_id=str(move.task_id), workflow=move.workflow,
                    transition=move.transition, from_state=move.from_state,
                    to_state=move.to_state, attempt=move.attempt, actor=move.actor,

@@ -13,8 +13,9 @@ no child twice. A children wait parks the parent until they have all ended.
       parent's row, read its children: one still open → `park`; all ended →
       the step's output, or ChildFailed
     settle (a child's ending, on its commit — engine/announce.py — and the
-      dispatcher's pass for any ending whose settle was lost): lock the
-      parent; waiting for children none of which is still open → `wake`
+      dispatcher's pass for any ending whose settle was lost): a sibling
+      still open → nothing (no lock); else lock the parent; waiting for
+      children none of which is still open → `wake`
 
 The look and the settle lock the same row, so a child that ends while its
 parent parks is seen by one of them: either the look reads it ended, or the
@@ -96,22 +97,29 @@ def parent_settle_in_tx(parent: Task, *, actor: str) -> bool:
     return True
 
 
-def parent_settle(parent_id: Any, *, actor: str) -> bool:
-    """A child of `parent_id` ended (committed): wake the parent if that was
-    the last one it waits for. Its own short transaction."""
+def parent_settle(parent_id: Any, *, actor: str, step: str | None = None) -> bool:
+    """A child of `parent_id`'s step `step` ended (committed): wake the parent
+    if that was the last one it waits for. Its own short transaction — but
+    first, without a lock, one look at the child's siblings: one still open
+    means this was not the last ending a wait could care for (whether the
+    wait is for every child or for that step's), so nothing is locked. The
+    sibling that ends last looks after every other ending committed — each
+    looks after its own commit — and goes on to the locked check."""
+    if step is not None and _open(children_of(parent_id, step)).exists():
+        return False
     with transaction.atomic():
         parent = store().lock_task_in_tx(parent_id)
         return parent is not None and parent_settle_in_tx(parent, actor=actor)
 
 
-def settle_on_commit(parent_id: Any, actor: str) -> None:
+def settle_on_commit(parent_id: Any, actor: str, *, step: str | None = None) -> None:
     """After the current transaction commits, settle `parent_id`. A failure is
     logged, not raised — the child's ending stands — and the dispatcher's pass
     (`parents_settle_due`) wakes the parent instead."""
 
     def settle() -> None:
         try:
-            parent_settle(parent_id, actor=actor)
+            parent_settle(parent_id, actor=actor, step=step)
         except Exception as exc:  # noqa: BLE001 - the dispatcher's pass is the fallback
             emit(Event.DISPATCHER_ERROR, level=logging.WARNING, task_id=str(parent_id),
                  error=f"settling a parent: {type(exc).__name__}: {exc}"[:300])

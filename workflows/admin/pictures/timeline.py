@@ -12,7 +12,7 @@ from datetime import datetime
 
 from django.utils.safestring import SafeString
 
-from workflows.admin.phases import BACKOFF, WAIT_OR_BACKOFF, WAITING
+from workflows.admin.phases import BACKOFF, PARKED, WAIT_OR_BACKOFF, WAITING
 from workflows.admin.pictures.svg import STATE_COLORS, STEP_COLORS, Svg
 from workflows.admin.text import duration_text, seconds_text
 from workflows.rules.states import TaskState
@@ -24,8 +24,10 @@ TOP = 8
 # A wait for a worker is drawn in the pending grey, a backoff in the retrying amber.
 PHASE_COLORS = {WAITING: STATE_COLORS[TaskState.PENDING],
                 BACKOFF: STATE_COLORS[TaskState.RETRYING],
-                WAIT_OR_BACKOFF: STATE_COLORS[TaskState.RETRYING]}
-PHASE_LABELS = {WAITING: "waiting", BACKOFF: "backoff", WAIT_OR_BACKOFF: "retrying"}
+                WAIT_OR_BACKOFF: STATE_COLORS[TaskState.RETRYING],
+                PARKED: STATE_COLORS[TaskState.WAITING]}
+PHASE_LABELS = {WAITING: "waiting", BACKOFF: "backoff", WAIT_OR_BACKOFF: "retrying",
+                PARKED: "parked"}
 
 
 def task_timeline(task, phases: list, steps: list, *, now: datetime) -> SafeString:

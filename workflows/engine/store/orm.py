@@ -107,6 +107,7 @@ class Moved:
     delivery: str | None = None
     following: Claimed | None = None
     parent_id: Any = None  # a child's parent (its ending may wake it: engine/children.py)
+    parent_step: str = ""  # and the parent's step that started it
 
 
 def moved(task: Task, name: str, from_state: str, actor: str,
@@ -115,7 +116,7 @@ def moved(task: Task, name: str, from_state: str, actor: str,
     return Moved(task.pk, task.workflow, name, from_state, task.state, task.attempts, actor,
                  task.trace_id or None,
                  delivery_message_id(task.pk, task.state, task.restarts)
-                 if delivery_owed(task) else None, following, task.parent_id)
+                 if delivery_owed(task) else None, following, task.parent_id, task.parent_step)
 
 
 @dataclasses.dataclass
