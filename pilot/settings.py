@@ -9,9 +9,9 @@ and usually `REDIS_URL`.
 import os
 from pathlib import Path
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from pilot.database_url import parse_database_url
 from pilot.env import (
     env_bool,
     env_choice,
@@ -133,10 +133,8 @@ ASGI_APPLICATION = "pilot.asgi.application"
 # --- database -------------------------------------------------------------------
 
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}")
-try:
-    _db = dj_database_url.parse(DATABASE_URL)  # type: ignore[arg-type]  # it has a default
-except ValueError as exc:
-    raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
+# libpq's multi-host form too (pilot/database_url.py); a bad URL stops start-up.
+_db = parse_database_url(DATABASE_URL)  # type: ignore[arg-type]  # it has a default
 
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # IMMEDIATE takes the write lock at BEGIN, so two writers queue on the busy
