@@ -22,6 +22,7 @@ from pilot.env import (
     local_secret_key,
     refuse_placeholder,
 )
+from workflows.cluster import ORM_BROKER_CLASS
 from workflows.conf import settings_from_environment
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -296,6 +297,9 @@ if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL
 else:
     Q_CLUSTER["orm"] = "default"
+    # django-q2's ORM broker whose pusher does not sleep 10 s after a database
+    # error (workflows/broker.py).
+    Q_CLUSTER["broker_class"] = ORM_BROKER_CLASS
 
 # --- Django's task framework ------------------------------------------------------
 # `@task` functions enqueued through django.tasks (the `django_tasks` backport on

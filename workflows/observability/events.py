@@ -27,6 +27,8 @@ class Event(StrEnum):
     says). A member is its name as a string (a log record's `event`); emitting a
     name that is not here is refused by tests/observability/test_events.py."""
 
+    BROKER_RECONNECTED = "broker_reconnected"
+    BROKER_UNREACHABLE = "broker_unreachable"
     CACHE_MISCONFIGURED = "cache_misconfigured"
     CACHE_UNAVAILABLE = "cache_unavailable"
     CANCEL_NOTICED = "cancel_noticed"
