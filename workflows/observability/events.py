@@ -36,6 +36,7 @@ class Event(StrEnum):
     CLEANUP_BATCH = "cleanup_batch"
     CLEANUP_FINISHED = "cleanup_finished"
     COMPENSATION_FAILED = "compensation_failed"
+    DATABASE_SWITCHED = "database_switched"
     DISPATCHER_ACTION = "dispatcher_action"
     DISPATCHER_DB_UNAVAILABLE = "dispatcher_db_unavailable"
     DISPATCHER_ERROR = "dispatcher_error"
