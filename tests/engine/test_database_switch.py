@@ -5,6 +5,7 @@ write is refused by the fence. On PostgreSQL, with the server's identity read
 through a hook the test turns (a real switch is tests/ha's)."""
 
 import uuid
+from datetime import timedelta
 
 import pytest
 
@@ -94,7 +95,7 @@ def test_a_lease_renewed_after_the_switch_is_left_to_its_live_owner(claimed):
     # The owner reaches the new primary and heartbeats within its grace.
     store().renew(Lease(task_id=claimed.pk, token=claimed.lease_token, worker="zombie"),
                   lease_length=lease_length())
-    watch.recover_at = watch.seen_at  # the grace is over
+    watch.recover_at -= timedelta(seconds=60)  # the grace is over
     assert dispatch_once(watch=watch).recovered == 0
     task = Task.objects.get(pk=claimed.pk)
     assert (task.state, task.lease_token) == (S.RUNNING, claimed.lease_token)
@@ -108,7 +109,20 @@ def test_within_the_grace_nothing_is_recovered_yet(claimed):
     assert dispatch_once(watch=watch).recovered == 0
     assert dispatch_once(watch=watch).recovered == 0
     assert Task.objects.get(pk=claimed.pk).state == S.RUNNING
-    watch.recover_at = watch.seen_at
+    watch.recover_at -= timedelta(seconds=60)
+    assert dispatch_once(watch=watch).after_switch == 1
+
+
+def test_a_renewal_on_the_old_primary_after_the_last_pass_does_not_hide_the_lease(claimed):
+    """The heartbeat the old primary took after the dispatcher's last pass there
+    reached the new primary too (synchronous replication): it is not a renewal on
+    the new primary, and the lease is recovered all the same."""
+    server = Server()
+    watch = DatabaseWatch(grace_seconds=0, read_identity=server)
+    dispatch_once(watch=watch)
+    store().renew(Lease(task_id=claimed.pk, token=claimed.lease_token, worker="zombie"),
+                  lease_length=lease_length())  # still the old primary, after the pass
+    server.promote()
     assert dispatch_once(watch=watch).after_switch == 1
 
 

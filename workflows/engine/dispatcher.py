@@ -5,7 +5,7 @@ One pass (`dispatch_once`) reads the database's clock once and then:
 0. with a `DatabaseWatch` (the dispatcher's loop has one), notices a database
    switch — the server's (system identifier, timeline) changed: a failover or
    a switchover to a promoted standby — and, a heartbeat's grace later,
-   recovers at once the leases nobody renewed since the switch (below);
+   recovers the leases nobody renewed on the new primary (DatabaseWatch);
 1. recovers expired leases of `running` tasks — the step that was running is
    recorded failed ("interrupted") — then `recover` (→ retrying, the lost
    attempt counts) while attempts remain; with none left — a poison task that
@@ -60,7 +60,7 @@ from workflows.engine.announce import move
 from workflows.engine.caps import Slots, blocked_q, caps
 from workflows.engine.deliveries import deliveries_enqueue_due
 from workflows.engine.enqueue import enqueue_on_commit
-from workflows.engine.leases import lease_length, worker_id
+from workflows.engine.leases import worker_id
 from workflows.engine.plans import owed_compensations
 from workflows.engine.signals import tasks_wake_due
 from workflows.engine.store import store
@@ -85,56 +85,60 @@ class DatabaseWatch:
     """What one dispatcher knows of the server it writes to, pass to pass.
 
     A lease is renewed by its owner's heartbeat (every PILOT_HEARTBEAT_SECONDS).
-    When the server's identity changes between two passes, the new primary took
-    over somewhere after `seen_at`, the last pass that saw the old one. An owner
-    whose lease was last renewed at or before then has written nothing to the
-    new primary. A live one renews within a heartbeat of reaching it; one whose
-    writes ran out of patience during the outage (leases.Interrupted) has
-    stopped for good, and its lease would block the task (and its client's slot)
-    until it expired — up to PILOT_LEASE_SECONDS. So `grace_seconds` (a
-    heartbeat and a second, by default) after noticing the switch, the pass
-    recovers every running task whose lease was last renewed at or before
-    `seen_at`, as if it had expired. Safe by the fence: the recovery is a
-    transition, which moves the task's token on, so a late write from the old
-    owner — alive after all — is refused (LeaseLost) and it stops.
+    When the server's identity changes between two passes, a standby was
+    promoted: the pass that notices it reads, on the new primary, the lease of
+    every running task (`suspects`: id → lease end). A live owner renews on the
+    new primary within a heartbeat of reaching it; one whose writes ran out of
+    patience during the outage (leases.Interrupted) has stopped for good, and
+    its lease would block the task (and its client's slot) until it expired, up
+    to PILOT_LEASE_SECONDS. So `grace_seconds` (a heartbeat and a second, by
+    default) later, the pass recovers, as if expired, every suspect whose lease
+    end is still the one read on the new primary: nobody renewed it there.
+    Safe by the fence: the recovery is a transition, which moves the task's
+    token on, so a late write from the old owner — alive after all, or
+    slower than its heartbeat — is refused (LeaseLost) and it stops.
 
-    Renewal times are read from the lease's end (`lease_expires_at` minus
-    PILOT_LEASE_SECONDS): every worker must use the same lease length, as the
-    system checks already expect. Timestamps are the database's clock as each
-    writer continued it (leases.DbClock); the old and the new primary's clocks
-    must agree (NTP), as everywhere else."""
+    Why not "renewed before the last pass on the old primary": writes committed
+    on the old primary between that pass and its death reach the new one too
+    (synchronous replication), and look like renewals — `make bench-failover`
+    found most interrupted leases that way. A lease end unchanged across the
+    grace, read twice on the new primary, is what no owner wrote there."""
 
     grace_seconds: float | None = None
     read_identity: Callable[[], tuple[str, int] | None] = database.server_identity
     identity: tuple[str, int] | None = None
-    seen_at: datetime | None = None
-    # A switch seen: leases renewed at or before `lost_before` are recovered once
-    # the database's clock reaches `recover_at`.
-    lost_before: datetime | None = None
+    # A switch noticed: the running tasks' lease ends as the new primary had them,
+    # to recover once the database's clock reaches `recover_at` if unchanged.
+    suspects: dict[Any, datetime | None] = dataclasses.field(default_factory=dict)
     recover_at: datetime | None = None
 
-    def observe(self, now: datetime) -> datetime | None:
-        """Read the server's identity (at `now`, the pass's database time); the
-        time before which unrenewed leases are to be recovered in this pass, if
-        any."""
+    def observe(self, now: datetime) -> bool:
+        """Read the server's identity (at `now`, the pass's database time): True
+        when it changed since the last pass (a switch; then `suspect` the leases)."""
         identity = self.read_identity()
         if identity is None:
-            return None
-        if self.identity is not None and identity != self.identity:
-            grace = (pilot_settings.PILOT_HEARTBEAT_SECONDS + 1.0 if self.grace_seconds is None
-                     else self.grace_seconds)
-            self.lost_before = self.seen_at
-            self.recover_at = now + timedelta(seconds=grace)
-            emit(Event.DATABASE_SWITCHED, level=logging.WARNING,
-                 previous=f"{self.identity[0]}/timeline {self.identity[1]}",
-                 current=f"{identity[0]}/timeline {identity[1]}",
-                 last_seen_at=self.seen_at.isoformat() if self.seen_at else None,
-                 recover_at=self.recover_at.isoformat())
-        self.identity, self.seen_at = identity, now
-        if self.recover_at is not None and now >= self.recover_at:
-            lost_before, self.lost_before, self.recover_at = self.lost_before, None, None
-            return lost_before
-        return None
+            return False
+        previous, self.identity = self.identity, identity
+        if previous is None or identity == previous:
+            return False
+        grace = (pilot_settings.PILOT_HEARTBEAT_SECONDS + 1.0 if self.grace_seconds is None
+                 else self.grace_seconds)
+        self.recover_at = now + timedelta(seconds=grace)
+        emit(Event.DATABASE_SWITCHED, level=logging.WARNING,
+             previous=f"{previous[0]}/timeline {previous[1]}",
+             current=f"{identity[0]}/timeline {identity[1]}",
+             recover_at=self.recover_at.isoformat())
+        return True
+
+    def suspect(self, leases: dict[Any, datetime | None]) -> None:
+        self.suspects = leases
+
+    def due(self, now: datetime) -> dict[Any, datetime | None]:
+        """The suspects to recover in this pass (once), if their grace is over."""
+        if self.recover_at is None or now < self.recover_at:
+            return {}
+        due, self.suspects, self.recover_at = self.suspects, {}, None
+        return due
 
 
 @dataclasses.dataclass
@@ -173,9 +177,13 @@ def dispatch_once(*, batch: int = BATCH, actor: str | None = None,
     actor = actor or f"dispatcher:{worker_id()}"
     now = store().db_now()
     report = DispatchReport(db_now=now)
-    lost_before = watch.observe(now) if watch is not None else None
-    if lost_before is not None:
-        _recover_expired_leases(now, batch, actor, report, unrenewed_since=lost_before)
+    if watch is not None:
+        if watch.observe(now):
+            watch.suspect(dict(Task.objects.filter(state=TaskState.RUNNING)
+                               .values_list("pk", "lease_expires_at")))
+        unrenewed = watch.due(now)
+        if unrenewed:
+            _recover_expired_leases(now, batch, actor, report, unrenewed=unrenewed)
     _recover_expired_leases(now, batch, actor, report)
     _wake_due(now, batch, actor, report)
     _enqueue_due(now, batch, actor, report)
@@ -222,26 +230,25 @@ def _policy(task: Task) -> RetryPolicy:
 
 
 def _recover_expired_leases(now: datetime, batch: int, actor: str, report: DispatchReport, *,
-                            unrenewed_since: datetime | None = None) -> None:
-    """Running tasks whose lease expired — or, with `unrenewed_since` (a
-    database switch, DatabaseWatch), whose lease was last renewed at or
-    before that time — are recovered."""
-    if unrenewed_since is None:
-        lost = Q(lease_expires_at__lt=now)
-    else:
-        lost = Q(lease_expires_at__lte=unrenewed_since + lease_length())
+                            unrenewed: dict[Any, datetime | None] | None = None) -> None:
+    """Running tasks whose lease expired — or, with `unrenewed` (after a
+    database switch, DatabaseWatch: id → the lease end read then), those whose
+    lease end is still that one — are recovered."""
+    lost = Q(lease_expires_at__lt=now) if unrenewed is None else Q(pk__in=list(unrenewed))
     with transaction.atomic():
         tasks = _locked(Task.objects.filter(lost, state=TaskState.RUNNING), batch, report)
+        if unrenewed is not None:
+            tasks = [t for t in tasks if t.lease_expires_at == unrenewed[t.pk]]
         owed = owed_compensations([t.pk for t in tasks]) if tasks else {}
 
         def recover(task: Task) -> None:
             policy = _policy(task)
             expiry = task.lease_expires_at.isoformat()  # type: ignore[union-attr]  # held
             reason = (f"lease held by {task.lease_owner or '?'} expired at {expiry}"
-                      if unrenewed_since is None else
+                      if unrenewed is None else
                       f"lease held by {task.lease_owner or '?'} (until {expiry}) not renewed "
-                      f"since the database switched after {unrenewed_since.isoformat()}")
-            if unrenewed_since is not None:
+                      "since the database switched")
+            if unrenewed is not None:
                 report.after_switch += 1
             # No worker runs its step any more: say so (the next attempt rewrites it).
             store().interrupt_steps(task.pk, error=f"interrupted: its worker was lost ({reason})",
