@@ -271,6 +271,17 @@ bench-admin: $(VENV)/.installed
 bench-recovery: $(VENV)/.installed-dev
 	$(PY) bench/kill_recovery.py
 
+## bench-failover: time to resume after a PostgreSQL failover, p50 and max over KILLS
+## (default 5) kills of the primary's machine in a real Patroni cluster of its own
+## (tests/support/patroni.py; ports 25432-25434, 28008-28010, 22379-22380) under trigger
+## load through gunicorn, on BROKER (orm, default, or redis: needs REDIS_URL)
+## (bench/failover.py). ~3 minutes. tests/ha asserts the behaviour; this measures the time.
+.PHONY: bench-failover
+KILLS ?= 5
+BROKER ?= orm
+bench-failover: $(VENV)/.installed-dev ha-packages
+	$(PY) bench/failover.py --kills $(KILLS) --broker $(BROKER)
+
 ## bench-fold: the dispatcher folding a backlog of 200 000 replay rows, in one statement a
 ## batch (PostgreSQL store) against a transaction a group (the portable store, as before);
 ## its own database, pilot_bench_fold, on the local PostgreSQL. ~3 minutes.
