@@ -7,8 +7,9 @@ postmaster and backends, SIGKILL); later, with the old primary rejoined, a plann
 switchover. Promised, and checked: every acknowledged task exists once and ends,
 its atomic rows exact; a duplicate is answered with the first's task; no answer is
 a 500; a 503 only inside a switch (from the fault until the service answers 2xx
-again); no process is restarted. Once per broker: the ORM broker (messages in the
-same database) and Redis."""
+again); /readyz 503 while no primary takes writes and 200 after; no process is
+restarted, and none met a prepared statement missing on the new primary. Once per
+broker: the ORM broker (messages in the same database) and Redis."""
 
 import json
 import time
@@ -94,6 +95,13 @@ def test_a_failover_and_a_switchover_lose_nothing_and_answer_no_500(stack):
                                                               Counter())[503] > 0, \
         f"no client met the failover: {load.by_phase}"
 
+    # Readiness follows the database: 503 while no primary takes writes, never a
+    # hang, and 200 again once one does (the probe reconnects by itself).
+    readyz = sum(load.readyz.values(), Counter())
+    assert set(readyz) <= {200, 503}, load.readyz
+    assert load.readyz["failover"][503] > 0, load.readyz
+    assert load.readyz.get("switchover-after", Counter())[200] > 0, load.readyz
+
     # Every acknowledged task exists once and ended; duplicates were the same task.
     assert len(load.acknowledged) >= 40
     assert all(first == replay for _, first, replay in load.duplicates), load.duplicates
@@ -116,6 +124,10 @@ def test_a_failover_and_a_switchover_lose_nothing_and_answer_no_500(stack):
         SELECT CASE WHEN reason LIKE '%not renewed since the database switched%'
                     THEN 'after switch' ELSE 'expired' END, count(*)
         FROM workflows_tasktransition WHERE transition = 'recover' GROUP BY 1"""))
+    # Every reconnect found its statements: the prepared-statement cache is per
+    # server session, never carried over to the new primary's.
+    for proc in stack.procs:
+        assert "prepared statement" not in proc.log(), f"{proc.name}:\n{proc.log()[-3000:]}"
     # Nothing waited for its lease to expire: the dispatcher saw the new primary
     # and took the leases the interrupted workers had given up (DatabaseWatch).
     assert "expired" not in recovered, recovered
@@ -130,6 +142,7 @@ def test_a_failover_and_a_switchover_lose_nothing_and_answer_no_500(stack):
         resumed[name] = round(float(first) - at, 1)
     print(f"\n[{stack.broker}] {len(load.acknowledged)} acknowledged, "
           f"{len(load.duplicates)} duplicates; answers "
-          f"{ {p: dict(c) for p, c in load.by_phase.items()} }; 503 window (fault to first "
+          f"{ {p: dict(c) for p, c in load.by_phase.items()} }; /readyz "
+          f"{ {p: dict(c) for p, c in load.readyz.items()} }; 503 window (fault to first "
           f"2xx) {windows} s; resumed after {resumed} s; leases recovered {recovered}; all ended "
           f"{ended - load.fault_at['switchover']:.1f} s after the switchover began")

@@ -66,6 +66,19 @@ class Load:
         self.back_wall: dict[str, float] = {}  # when the new primary took writes
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self.client, args=(n,)) for n in range(clients)]
+        self.threads.append(threading.Thread(target=self.probe))
+        self.readyz: dict[str, Counter] = {}  # /readyz answers by phase, as a load balancer sees
+
+    def probe(self) -> None:
+        """A load balancer's readiness check, five times a second."""
+        while not self.stop.is_set():
+            try:
+                status = request(self.stack.url, "GET", "/readyz", timeout=10).status
+            except OSError:
+                status = "no answer"
+            with self.lock:
+                self.readyz.setdefault(self.phase, Counter())[status] += 1
+            time.sleep(0.2)
 
     def answer(self, status) -> None:
         with self.lock:
@@ -121,7 +134,7 @@ class Load:
                    what=f"{n} more tasks acknowledged {what}")
 
     def done(self) -> bool:
-        return not any(t.is_alive() for t in self.threads)
+        return not any(t.is_alive() for t in self.threads[:-1])
 
     def switch(self, name: str, fault) -> None:
         """`fault()` runs the switch and returns once the database takes writes."""
