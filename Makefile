@@ -273,7 +273,7 @@ bench-recovery: $(VENV)/.installed-dev
 
 ## bench-failover: time to resume after a PostgreSQL failover, p50 and max over KILLS
 ## (default 5) kills of the primary's machine in a real Patroni cluster of its own
-## (tests/support/patroni.py; ports 25432-25434, 28008-28010, 22379-22380) under trigger
+## (tests/support/patroni.py; free loopback ports, a temporary directory) under trigger
 ## load through gunicorn, on BROKER (orm, default, or redis: needs REDIS_URL)
 ## (bench/failover.py). ~3 minutes. tests/ha asserts the behaviour; this measures the time.
 .PHONY: bench-failover

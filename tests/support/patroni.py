@@ -9,10 +9,11 @@ packages (`patroni`, `etcd-server`; `make test` installs them when missing).
         ha.start_node(old)                  # the old primary rejoins (pg_rewind)
         ha.switchover()                     # planned: leader -> a synchronous replica
 
-Ports of its own (PostgreSQL 25432-25434, Patroni REST 28008-28010, etcd
-22379/22380), everything under one temporary directory owned by the `postgres` OS
-user (PostgreSQL refuses to run as root), every process started here and ended by
-its PID on exit (`destroy`), the directory removed. Trust authentication on
+Ports of its own (free loopback ports chosen at start: three for PostgreSQL,
+three for Patroni's REST API, two for etcd), everything under one temporary
+directory owned by the `postgres` OS user (PostgreSQL refuses to run as root),
+every process started here and ended by its PID on exit (`destroy`), the
+directory removed. Trust authentication on
 127.0.0.1 only; the recipe a user builds (passwords, SCRAM) is in
 docs/operations.md, "High availability".
 """
@@ -23,6 +24,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -33,9 +35,6 @@ import psycopg
 from tests.support.pgcluster import OS_USER, _bindir
 
 NODES = ("n1", "n2", "n3")
-PG_PORTS = {"n1": 25432, "n2": 25433, "n3": 25434}
-REST_PORTS = {"n1": 28008, "n2": 28009, "n3": 28010}
-ETCD_CLIENT, ETCD_PEER = 22379, 22380
 PACKAGES = {"patroni": "patroni", "etcd": "etcd-server"}
 
 
@@ -43,16 +42,17 @@ def missing_packages() -> list[str]:
     return [package for command, package in PACKAGES.items() if shutil.which(command) is None]
 
 
-def _node_config(root: str, name: str, bindir: str) -> str:
+def _node_config(root: str, name: str, bindir: str, pg_port: int, rest_port: int,
+                 etcd_client: int) -> str:
     return f"""
 scope: pilot-ha-test
 namespace: /pilot-ha-test/
 name: {name}
 restapi:
-  listen: 127.0.0.1:{REST_PORTS[name]}
-  connect_address: 127.0.0.1:{REST_PORTS[name]}
+  listen: 127.0.0.1:{rest_port}
+  connect_address: 127.0.0.1:{rest_port}
 etcd3:
-  hosts: ["127.0.0.1:{ETCD_CLIENT}"]
+  hosts: ["127.0.0.1:{etcd_client}"]
 bootstrap:
   dcs:
     ttl: 10
@@ -76,8 +76,8 @@ bootstrap:
         full_page_writes: "on"
   initdb: [{{encoding: UTF8}}]
 postgresql:
-  listen: 127.0.0.1:{PG_PORTS[name]}
-  connect_address: 127.0.0.1:{PG_PORTS[name]}
+  listen: 127.0.0.1:{pg_port}
+  connect_address: 127.0.0.1:{pg_port}
   data_dir: {root}/pg/{name}
   bin_dir: {bindir}
   pgpass: {root}/run/pgpass-{name}
@@ -100,11 +100,12 @@ class PatroniCluster:
         if missing:
             raise RuntimeError(f"the HA test needs the Debian packages {', '.join(missing)} "
                                "(`make test` installs them: `make ha-packages`)")
-        busy = [port for port in (*PG_PORTS.values(), *REST_PORTS.values(), ETCD_CLIENT,
-                                  ETCD_PEER) if _listening(port)]
-        if busy:
-            raise RuntimeError(f"the HA test's ports {busy} are taken: is another HA test "
-                               "(or a leftover of one) running on this machine?")
+        # Free loopback ports, chosen now: two runs of the suite on one machine
+        # (two worktrees' CI) never meet.
+        ports = _free_ports(8)
+        self.pg_ports = dict(zip(NODES, ports[0:3], strict=True))
+        self.rest_ports = dict(zip(NODES, ports[3:6], strict=True))
+        self.etcd_client, self.etcd_peer = ports[6], ports[7]
         self.bindir = _bindir()
         self.root = tempfile.mkdtemp(prefix="pilot-ha-")
         self.procs: dict[str, subprocess.Popen] = {}
@@ -112,7 +113,8 @@ class PatroniCluster:
             os.makedirs(os.path.join(self.root, sub))
         for name in NODES:
             with open(os.path.join(self.root, f"{name}.yml"), "w") as conf:
-                conf.write(_node_config(self.root, name, self.bindir))
+                conf.write(_node_config(self.root, name, self.bindir, self.pg_ports[name],
+                                        self.rest_ports[name], self.etcd_client))
         if os.geteuid() == 0:
             subprocess.run(["chown", "-R", f"{OS_USER}:{OS_USER}", self.root], check=True)
 
@@ -129,13 +131,13 @@ class PatroniCluster:
     def start(self) -> PatroniCluster:
         self._spawn("etcd", [
             "etcd", "--name", "pilot-ha-etcd", "--data-dir", os.path.join(self.root, "etcd"),
-            "--listen-client-urls", f"http://127.0.0.1:{ETCD_CLIENT}",
-            "--advertise-client-urls", f"http://127.0.0.1:{ETCD_CLIENT}",
-            "--listen-peer-urls", f"http://127.0.0.1:{ETCD_PEER}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{ETCD_PEER}",
-            "--initial-cluster", f"pilot-ha-etcd=http://127.0.0.1:{ETCD_PEER}",
+            "--listen-client-urls", f"http://127.0.0.1:{self.etcd_client}",
+            "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_client}",
+            "--listen-peer-urls", f"http://127.0.0.1:{self.etcd_peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.etcd_peer}",
+            "--initial-cluster", f"pilot-ha-etcd=http://127.0.0.1:{self.etcd_peer}",
             "--initial-cluster-state", "new"])
-        self._wait(lambda: self._get(f"http://127.0.0.1:{ETCD_CLIENT}/health") is not None,
+        self._wait(lambda: self._get(f"http://127.0.0.1:{self.etcd_client}/health") is not None,
                    30, "etcd to answer")
         self.start_node("n1")
         self._wait(lambda: self.leader() == "n1", 90, "n1 to bootstrap as the primary")
@@ -212,7 +214,7 @@ class PatroniCluster:
     def members(self) -> list[dict]:
         for name in NODES:
             if self.procs.get(name) is not None and self.procs[name].poll() is None:
-                cluster = self._get(f"http://127.0.0.1:{REST_PORTS[name]}/cluster")
+                cluster = self._get(f"http://127.0.0.1:{self.rest_ports[name]}/cluster")
                 if cluster:
                     return cluster.get("members", [])
         return []
@@ -250,7 +252,7 @@ class PatroniCluster:
         old = self.leader()
         [candidate, *_] = self.sync_standbys()
         body = json.dumps({"leader": old, "candidate": candidate}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{REST_PORTS[old]}/switchover",
+        request = urllib.request.Request(f"http://127.0.0.1:{self.rest_ports[old]}/switchover",
                                          data=body, method="POST",
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as r:  # noqa: S310 - loopback
@@ -270,7 +272,7 @@ class PatroniCluster:
     # --- use ----------------------------------------------------------------------------------
 
     def url(self, database: str) -> str:
-        hosts = ",".join(f"127.0.0.1:{PG_PORTS[n]}" for n in NODES)
+        hosts = ",".join(f"127.0.0.1:{self.pg_ports[n]}" for n in NODES)
         return f"postgres://postgres@{hosts}/{database}?target_session_attrs=read-write"
 
     def create_database(self, name: str) -> str:
@@ -291,12 +293,17 @@ class PatroniCluster:
         return "\n".join(out)
 
 
-def _listening(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+def _free_ports(n: int) -> list[int]:
+    """`n` distinct loopback ports nothing listens on (held open together while
+    chosen, so the kernel gives `n` different ones)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _children(pid: int) -> list[int]:
