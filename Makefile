@@ -4,7 +4,7 @@ BENCH_VENV := bench/.venv
 PY     := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: run test test-sqlite test-django6 test-min-versions test-model test-main test-pg-orm-broker mutate mutate-ci lint check audit bench bench-cleanup bench-admin bench-tracing clean chromium promtool lock
+.PHONY: run test test-sqlite test-django6 test-min-versions test-model test-main test-pg-orm-broker mutate mutate-ci lint check audit bench bench-cleanup bench-admin bench-tracing clean chromium promtool ha-packages lock
 
 # Installs come from the lock files: every pin of requirements*.txt with the hash of
 # every file PyPI has for it, checked by pip (--require-hashes). `make lock` renews
@@ -82,8 +82,8 @@ run: $(VENV)/.installed
 ## test: the whole suite. Always on SQLite; then, when DATABASE_URL points at
 ## PostgreSQL (and REDIS_URL at Redis), everything again there, including the
 ## races and real-process tests that only PostgreSQL can prove.
-test: $(VENV)/.installed-dev chromium promtool lint check test-sqlite test-django6 test-min-versions \
-	test-main mutate-ci
+test: $(VENV)/.installed-dev chromium promtool ha-packages lint check test-sqlite test-django6 \
+	test-min-versions test-main mutate-ci
 
 ## chromium: Debian's browser, which the admin's browser test drives through Playwright
 ## (Playwright's own browser download cannot work here), installed when missing.
@@ -93,6 +93,18 @@ chromium:
 	  echo "installing chromium with apt-get"; \
 	  $$sudo apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq chromium >/dev/null; \
+	fi
+
+## ha-packages: Debian's patroni and etcd-server, with which tests/ha runs a real
+## three-node PostgreSQL cluster and fails it over (docs/operations.md, "High
+## availability"); installed when missing. If apt cannot, tests/ha fails and says so.
+ha-packages:
+	@if ! command -v patroni >/dev/null || ! command -v etcd >/dev/null; then \
+	  sudo=$$( [ "$$(id -u)" -ne 0 ] && echo sudo ); \
+	  echo "installing patroni and etcd-server with apt-get (for tests/ha)"; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    $$sudo apt-get install -y -qq --no-install-recommends patroni etcd-server >/dev/null \
+	  || echo "patroni/etcd-server could not be installed: tests/ha will fail"; \
 	fi
 
 ## promtool: Debian's Prometheus tools, with which tests/deploy checks and unit-tests the
@@ -177,7 +189,7 @@ test-model: $(VENV)/.installed-dev
 ## test-main: everything on PostgreSQL (and Redis). Without a PostgreSQL DATABASE_URL
 ## it says so and succeeds -- unless PILOT_REQUIRE_POSTGRES=1 (CI, .ci/run), where not
 ## running the PostgreSQL tests is a failure, not a pass.
-test-main: $(VENV)/.installed-dev chromium
+test-main: $(VENV)/.installed-dev chromium ha-packages
 	@case "$$DATABASE_URL" in \
 	  postgres*) $(PY) -m pytest -q $(XDIST) --durations=40 ;; \
 	  *) if [ "$${PILOT_REQUIRE_POSTGRES:-}" = 1 ]; then \
@@ -258,6 +270,17 @@ bench-admin: $(VENV)/.installed
 .PHONY: bench-recovery
 bench-recovery: $(VENV)/.installed-dev
 	$(PY) bench/kill_recovery.py
+
+## bench-failover: time to resume after a PostgreSQL failover, p50 and max over KILLS
+## (default 5) kills of the primary's machine in a real Patroni cluster of its own
+## (tests/support/patroni.py; free loopback ports, a temporary directory) under trigger
+## load through gunicorn, on BROKER (orm, default, or redis: needs REDIS_URL)
+## (bench/failover.py). ~3 minutes. tests/ha asserts the behaviour; this measures the time.
+.PHONY: bench-failover
+KILLS ?= 5
+BROKER ?= orm
+bench-failover: $(VENV)/.installed-dev ha-packages
+	$(PY) bench/failover.py --kills $(KILLS) --broker $(BROKER)
 
 ## bench-fold: the dispatcher folding a backlog of 200 000 replay rows, in one statement a
 ## batch (PostgreSQL store) against a transaction a group (the portable store, as before);

@@ -9,9 +9,9 @@ and usually `REDIS_URL`.
 import os
 from pathlib import Path
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from pilot.database_url import parse_database_url
 from pilot.env import (
     env_bool,
     env_choice,
@@ -22,6 +22,7 @@ from pilot.env import (
     local_secret_key,
     refuse_placeholder,
 )
+from workflows.cluster import ORM_BROKER_CLASS
 from workflows.conf import settings_from_environment
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -133,10 +134,8 @@ ASGI_APPLICATION = "pilot.asgi.application"
 # --- database -------------------------------------------------------------------
 
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}")
-try:
-    _db = dj_database_url.parse(DATABASE_URL)  # type: ignore[arg-type]  # it has a default
-except ValueError as exc:
-    raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
+# libpq's multi-host form too (pilot/database_url.py); a bad URL stops start-up.
+_db = parse_database_url(DATABASE_URL)  # type: ignore[arg-type]  # it has a default
 
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # IMMEDIATE takes the write lock at BEGIN, so two writers queue on the busy
@@ -298,6 +297,9 @@ if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL
 else:
     Q_CLUSTER["orm"] = "default"
+    # django-q2's ORM broker whose pusher does not sleep 10 s after a database
+    # error (workflows/broker.py).
+    Q_CLUSTER["broker_class"] = ORM_BROKER_CLASS
 
 # --- Django's task framework ------------------------------------------------------
 # `@task` functions enqueued through django.tasks (the `django_tasks` backport on

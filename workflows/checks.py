@@ -14,7 +14,14 @@ middleware, backend and route they look for, with the feature they name off.
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
-from workflows.cluster import BROKER_KEYS, alt_entry, cluster_conf, cluster_name, recommended_entry
+from workflows.cluster import (
+    BROKER_KEYS,
+    ORM_BROKER_CLASS,
+    alt_entry,
+    cluster_conf,
+    cluster_name,
+    recommended_entry,
+)
 from workflows.conf import pilot_settings
 
 
@@ -40,11 +47,14 @@ def pilot_execution_settings(app_configs, **kwargs):
             "configuration's broker, so these workers would never see them.",
             hint="Keep the broker in Q_CLUSTER; the ALT_CLUSTERS entry only changes the "
                  "queue and its limits.", id="pilot.E006"))
+    own_orm = q.get("orm") and q.get("broker_class") == ORM_BROKER_CLASS  # PILOT's ORM broker
     if not (q.get("orm") or q.get("redis")) or any(
-            q.get(k) for k in BROKER_KEYS if k not in ("orm", "redis")):
+            q.get(k) for k in BROKER_KEYS if k not in ("orm", "redis")
+            and not (k == "broker_class" and own_orm)):
         errors.append(Error(
             "PILOT's django-q2 cluster must use the ORM broker (Q_CLUSTER['orm']) or Redis "
-            "(Q_CLUSTER['redis']): PILOT writes its messages to those two directly.",
+            "(Q_CLUSTER['redis']): PILOT writes its messages to those two directly. "
+            f"(With the ORM broker, broker_class may be {ORM_BROKER_CLASS!r}.)",
             id="pilot.E007"))
     timeout, retry = q.get("timeout"), q.get("retry", 60)
     if not timeout:

@@ -29,6 +29,9 @@ from django.conf import settings
 
 from workflows.conf import pilot_settings
 
+# PILOT's ORM broker (workflows/broker.py): Q_CLUSTER's broker_class beside "orm".
+ORM_BROKER_CLASS = "workflows.broker.OrmBroker"
+
 # Keys that choose django-q2's broker (django_q.brokers.get_broker).
 BROKER_KEYS = ("redis", "django_redis", "orm", "sqs", "iron_mq", "mongo", "broker_class")
 

@@ -71,6 +71,25 @@ def database_state() -> str:
         return "unreachable"
 
 
+def server_identity() -> tuple[str, int] | None:
+    """Which database server this connection writes to, as (system identifier,
+    timeline); None where there is no such thing (SQLite). A PostgreSQL
+    standby keeps its primary's system identifier and starts a new timeline
+    when it is promoted, so after a failover or switchover the pair differs
+    even though the data (and the URL) are the same. The timeline is that of
+    the WAL being written now, not the last checkpoint's, which lags a
+    promotion. On a standby this raises (no WAL is written there): PILOT's
+    writers cannot use one either."""
+    if not is_postgresql():
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT (SELECT system_identifier FROM pg_control_system())::text, "
+            "('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int")
+        system_identifier, timeline = cursor.fetchone()
+    return str(system_identifier), int(timeline)
+
+
 # --- the connections -------------------------------------------------------------------
 # The engine outside its store never holds a connection itself: a loop between
 # passes, a run after a lost reply, a receiver after migrate ask here.

@@ -172,12 +172,21 @@ MUTANTS = (
         "recover-live-leases",
         "the dispatcher recovers leases a minute before they expire",
         "workflows/engine/dispatcher.py",
-        (("Task.objects.filter(state=TaskState.RUNNING, lease_expires_at__lt=now)",
-          "Task.objects.filter(state=TaskState.RUNNING, "
-          "lease_expires_at__lt=now + timedelta(seconds=60))"),),
+        (("lost = Q(lease_expires_at__lt=now) if unrenewed is None",
+          "lost = Q(lease_expires_at__lt=now + timedelta(seconds=60)) if unrenewed is None"),),
         ("tests/engine/test_dispatcher.py::"
          "test_an_expired_lease_is_recovered_and_the_lost_attempt_counts",),
         promise="crash", ci=False,
+    ),
+    Mutant(
+        "switch-recovers-renewed-leases",
+        "after a database switch the dispatcher takes leases their owners renewed there",
+        "workflows/engine/dispatcher.py",
+        (("tasks = [t for t in tasks if t.lease_expires_at == unrenewed[t.pk]]",
+          "tasks = list(tasks)"),),
+        ("tests/engine/test_database_switch.py::"
+         "test_a_lease_renewed_after_the_switch_is_left_to_its_live_owner",),
+        promise="fence", ci=False,
     ),
     Mutant(
         "skip-on-conflict",

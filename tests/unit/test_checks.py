@@ -204,3 +204,13 @@ def test_the_admins_unguarded_password_change_is_a_warning():
 
     with override_settings(ROOT_URLCONF="tests.unit.unguarded_urls"):
         assert [e.id for e in pilot_urls(None)] == ["pilot.W025"]
+
+
+def test_pilots_own_orm_broker_class_is_accepted_and_a_foreign_one_refused(settings):
+    q = {k: v for k, v in settings.Q_CLUSTER.items() if k not in ("redis", "broker_class")}
+    q["orm"] = "default"
+    assert "pilot.E007" not in ids(Q_CLUSTER={**q, "broker_class": "workflows.broker.OrmBroker"})
+    assert "pilot.E007" in ids(Q_CLUSTER={**q, "broker_class": "mysite.brokers.Custom"})
+    redis_q = {k: v for k, v in q.items() if k != "orm"}
+    assert "pilot.E007" in ids(Q_CLUSTER={**redis_q, "redis": "redis://x:6379/0",
+                                          "broker_class": "workflows.broker.OrmBroker"})

@@ -2,6 +2,10 @@
 
 One pass (`dispatch_once`) reads the database's clock once and then:
 
+0. with a `DatabaseWatch` (the dispatcher's loop has one), notices a database
+   switch — the server's (system identifier, timeline) changed: a failover or
+   a switchover to a promoted standby — and, a heartbeat's grace later,
+   recovers the leases nobody renewed on the new primary (DatabaseWatch);
 1. recovers expired leases of `running` tasks — the step that was running is
    recorded failed ("interrupted") — then `recover` (→ retrying, the lost
    attempt counts) while attempts remain; with none left — a poison task that
@@ -51,6 +55,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Count, Min, Q, QuerySet
 
+from workflows import database
 from workflows.conf import pilot_settings
 from workflows.engine.announce import move
 from workflows.engine.caps import Slots, blocked_q, caps
@@ -78,6 +83,67 @@ _DEFAULT_POLICY = RetryPolicy(max_attempts=1, initial=1.0, factor=2.0, max_delay
 
 
 @dataclasses.dataclass
+class DatabaseWatch:
+    """What one dispatcher knows of the server it writes to, pass to pass.
+
+    A lease is renewed by its owner's heartbeat (every PILOT_HEARTBEAT_SECONDS).
+    When the server's identity changes between two passes, a standby was
+    promoted: the pass that notices it reads, on the new primary, the lease of
+    every running task (`suspects`: id → lease end). A live owner renews on the
+    new primary within a heartbeat of reaching it; one whose writes ran out of
+    patience during the outage (leases.Interrupted) has stopped for good, and
+    its lease would block the task (and its client's slot) until it expired, up
+    to PILOT_LEASE_SECONDS. So `grace_seconds` (a heartbeat and a second, by
+    default) later, the pass recovers, as if expired, every suspect whose lease
+    end is still the one read on the new primary: nobody renewed it there.
+    Safe by the fence: the recovery is a transition, which moves the task's
+    token on, so a late write from the old owner — alive after all, or
+    slower than its heartbeat — is refused (LeaseLost) and it stops.
+
+    Why not "renewed before the last pass on the old primary": writes committed
+    on the old primary between that pass and its death reach the new one too
+    (synchronous replication), and look like renewals — `make bench-failover`
+    found most interrupted leases that way. A lease end unchanged across the
+    grace, read twice on the new primary, is what no owner wrote there."""
+
+    grace_seconds: float | None = None
+    read_identity: Callable[[], tuple[str, int] | None] = database.server_identity
+    identity: tuple[str, int] | None = None
+    # A switch noticed: the running tasks' lease ends as the new primary had them,
+    # to recover once the database's clock reaches `recover_at` if unchanged.
+    suspects: dict[Any, datetime | None] = dataclasses.field(default_factory=dict)
+    recover_at: datetime | None = None
+
+    def observe(self, now: datetime) -> bool:
+        """Read the server's identity (at `now`, the pass's database time): True
+        when it changed since the last pass (a switch; then `suspect` the leases)."""
+        identity = self.read_identity()
+        if identity is None:
+            return False
+        previous, self.identity = self.identity, identity
+        if previous is None or identity == previous:
+            return False
+        grace = (pilot_settings.PILOT_HEARTBEAT_SECONDS + 1.0 if self.grace_seconds is None
+                 else self.grace_seconds)
+        self.recover_at = now + timedelta(seconds=grace)
+        emit(Event.DATABASE_SWITCHED, level=logging.WARNING,
+             previous=f"{previous[0]}/timeline {previous[1]}",
+             current=f"{identity[0]}/timeline {identity[1]}",
+             recover_at=self.recover_at.isoformat())
+        return True
+
+    def suspect(self, leases: dict[Any, datetime | None]) -> None:
+        self.suspects = leases
+
+    def due(self, now: datetime) -> dict[Any, datetime | None]:
+        """The suspects to recover in this pass (once), if their grace is over."""
+        if self.recover_at is None or now < self.recover_at:
+            return {}
+        due, self.suspects, self.recover_at = self.suspects, {}, None
+        return due
+
+
+@dataclasses.dataclass
 class DispatchReport:
     recovered: int = 0
     failed: int = 0
@@ -89,6 +155,8 @@ class DispatchReport:
     reenqueued: int = 0
     owed_enqueued: int = 0
     deliveries_enqueued: int = 0
+    # Of `recovered` and `failed`: leases taken after a database switch (DatabaseWatch).
+    after_switch: int = 0
     errors: int = 0
     db_now: datetime | None = None
     next_due: datetime | None = None
@@ -105,11 +173,19 @@ class DispatchReport:
                 if k not in ("db_now", "next_due", "full")}
 
 
-def dispatch_once(*, batch: int = BATCH, actor: str | None = None) -> DispatchReport:
+def dispatch_once(*, batch: int = BATCH, actor: str | None = None,
+                  watch: DatabaseWatch | None = None) -> DispatchReport:
     """One pass of the scans above; returns what it did."""
     actor = actor or f"dispatcher:{worker_id()}"
     now = store().db_now()
     report = DispatchReport(db_now=now)
+    if watch is not None:
+        if watch.observe(now):
+            watch.suspect(dict(Task.objects.filter(state=TaskState.RUNNING)
+                               .values_list("pk", "lease_expires_at")))
+        unrenewed = watch.due(now)
+        if unrenewed:
+            _recover_expired_leases(now, batch, actor, report, unrenewed=unrenewed)
     _recover_expired_leases(now, batch, actor, report)
     _wake_due(now, batch, actor, report)
     _settle_parents(batch, actor, report)
@@ -156,17 +232,27 @@ def _policy(task: Task) -> RetryPolicy:
     return workflow.policy if workflow is not None else _DEFAULT_POLICY
 
 
-def _recover_expired_leases(now: datetime, batch: int, actor: str,
-                            report: DispatchReport) -> None:
+def _recover_expired_leases(now: datetime, batch: int, actor: str, report: DispatchReport, *,
+                            unrenewed: dict[Any, datetime | None] | None = None) -> None:
+    """Running tasks whose lease expired — or, with `unrenewed` (after a
+    database switch, DatabaseWatch: id → the lease end read then), those whose
+    lease end is still that one — are recovered."""
+    lost = Q(lease_expires_at__lt=now) if unrenewed is None else Q(pk__in=list(unrenewed))
     with transaction.atomic():
-        tasks = _locked(Task.objects.filter(state=TaskState.RUNNING, lease_expires_at__lt=now),
-                        batch, report)
+        tasks = _locked(Task.objects.filter(lost, state=TaskState.RUNNING), batch, report)
+        if unrenewed is not None:
+            tasks = [t for t in tasks if t.lease_expires_at == unrenewed[t.pk]]
         owed = owed_compensations([t.pk for t in tasks]) if tasks else {}
 
         def recover(task: Task) -> None:
             policy = _policy(task)
-            reason = (f"lease held by {task.lease_owner or '?'} expired at "
-                      f"{task.lease_expires_at.isoformat()}")  # type: ignore[union-attr]  # held
+            expiry = task.lease_expires_at.isoformat()  # type: ignore[union-attr]  # held
+            reason = (f"lease held by {task.lease_owner or '?'} expired at {expiry}"
+                      if unrenewed is None else
+                      f"lease held by {task.lease_owner or '?'} (until {expiry}) not renewed "
+                      "since the database switched")
+            if unrenewed is not None:
+                report.after_switch += 1
             # No worker runs its step any more: say so (the next attempt rewrites it).
             store().interrupt_steps(task.pk, error=f"interrupted: its worker was lost ({reason})",
                                     at=now)

@@ -21,7 +21,7 @@ from django.db import DatabaseError
 
 from workflows import database
 from workflows.conf import pilot_settings
-from workflows.engine.dispatcher import dispatch_once
+from workflows.engine.dispatcher import DatabaseWatch, dispatch_once
 from workflows.engine.replays import Folding
 from workflows.engine.schedules import ScheduleFireReport, schedules_fire_due
 from workflows.observability.events import Event, emit
@@ -111,9 +111,10 @@ def dispatcher_loop(stop: threading.Event, *, poll: float | None = None,
     until the earliest due retry or slot it saw, at most the poll interval."""
     poll = pilot_settings.PILOT_DISPATCHER_POLL_SECONDS if poll is None else poll
     fold = Folding()
+    watch = DatabaseWatch()  # a failover seen between two passes (docs/design.md, "Dispatcher")
 
     def run_pass() -> PassResult:
-        report = dispatch_once()
+        report = dispatch_once(watch=watch)
         fired = schedules_fire_due()
         fold(report.db_now)  # type: ignore[arg-type]  # db_now: set by every pass
         retry = _until(report.next_due, report.db_now)

@@ -27,6 +27,8 @@ class Event(StrEnum):
     says). A member is its name as a string (a log record's `event`); emitting a
     name that is not here is refused by tests/observability/test_events.py."""
 
+    BROKER_RECONNECTED = "broker_reconnected"
+    BROKER_UNREACHABLE = "broker_unreachable"
     CACHE_MISCONFIGURED = "cache_misconfigured"
     CACHE_UNAVAILABLE = "cache_unavailable"
     CANCEL_NOTICED = "cancel_noticed"
@@ -34,6 +36,7 @@ class Event(StrEnum):
     CLEANUP_BATCH = "cleanup_batch"
     CLEANUP_FINISHED = "cleanup_finished"
     COMPENSATION_FAILED = "compensation_failed"
+    DATABASE_SWITCHED = "database_switched"
     DISPATCHER_ACTION = "dispatcher_action"
     DISPATCHER_DB_UNAVAILABLE = "dispatcher_db_unavailable"
     DISPATCHER_ERROR = "dispatcher_error"
