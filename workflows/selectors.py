@@ -161,7 +161,9 @@ def counts_or_estimates(querysets, *, exact_up_to: int = EXACT_COUNT_UP_TO
     params: list = []
     for queryset in querysets:
         ordering = queryset.query.order_by or queryset.model._meta.ordering or ["-pk"]
-        capped = queryset.order_by(*ordering).values("pk")[:exact_up_to + 1]
+        # The ordering's own columns: an index-only scan where the index covers them.
+        columns = [str(o).lstrip("-") for o in ordering]
+        capped = queryset.order_by(*ordering).values(*columns)[:exact_up_to + 1]
         sql, sql_params = capped.query.sql_with_params()
         parts.append(f"(SELECT COUNT(*) FROM ({sql}) AS capped_{len(parts)})")
         params.extend(sql_params)
