@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime, timedelta
 
-from django.db.models import Count, Max, OuterRef, Q, Subquery, Sum
+from django.db.models import Count, Max, Q, Sum
 from django.db.models.functions import TruncHour
 
 from workflows.models import Task, TaskReplay, TaskTransition
@@ -89,16 +89,23 @@ def workflows_top_failing(now: datetime, *, since: timedelta = timedelta(hours=2
                           limit: int = 10) -> list[dict]:
     """Workflows with the most tasks that ended `failed` in the window, with the
     latest such task and its error. Two queries: the groups with each one's
-    latest task id (pilot_task_finished_idx narrows to the window), then those tasks'
-    errors by primary key."""
+    latest finish (pilot_task_finished_idx narrows to the window), then the
+    failed tasks that finished at those moments (the same index, by equality),
+    the highest id kept on a tie. (A latest-id subquery in the first query ran
+    once per failed task, not per workflow: Django groups by it — 5.6 s at
+    10 M tasks.)"""
     failed = Task.objects.filter(state=TaskState.FAILED, finished_at__gte=now - since)
-    latest = failed.filter(workflow=OuterRef("workflow")).order_by("-finished_at")
     rows = list(failed.order_by().values("workflow")
-                .annotate(failures=Count("*"), latest_at=Max("finished_at"),
-                          latest_id=Subquery(latest.values("pk")[:1]))
+                .annotate(failures=Count("*"), latest_at=Max("finished_at"))
                 .order_by("-failures", "workflow")[:limit])
-    errors = {pk: (error, kind) for pk, error, kind in Task.objects.filter(
-        pk__in=[r["latest_id"] for r in rows]).values_list("pk", "error", "error_type")}
+    latest: dict[tuple, tuple] = {}
+    for pk, workflow, at, error, kind in (
+            failed.filter(finished_at__in=[r["latest_at"] for r in rows],
+                          workflow__in=[r["workflow"] for r in rows])
+            .order_by("pk").values_list("pk", "workflow", "finished_at", "error",
+                                        "error_type")):
+        latest[(workflow, at)] = (pk, error, kind)
     for row in rows:
-        row["latest_error"], row["latest_error_type"] = errors.get(row["latest_id"], ("", ""))
+        row["latest_id"], row["latest_error"], row["latest_error_type"] = latest.get(
+            (row["workflow"], row["latest_at"]), (None, "", ""))
     return rows
