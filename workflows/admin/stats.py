@@ -13,10 +13,11 @@ from datetime import UTC, datetime, timedelta
 from django.db.models import Count, Max, Q, Sum
 from django.db.models.functions import TruncHour
 
-from workflows.models import Task, TaskReplay, TaskTransition
+from workflows.models import ActivityMinute, Task, TaskReplay, TaskTransition
+from workflows.models.activity import RETRY_TRANSITIONS
 from workflows.rules.states import TaskState
 
-RETRY_TRANSITIONS = ("schedule_retry", "recover")
+FIELDS = ("triggers", "replays", "successes", "failures", "retries")
 
 
 @dataclasses.dataclass
@@ -32,32 +33,50 @@ class ActivityBucket:
 def activity_per_hour(now: datetime, *, hours: int = 24) -> list[ActivityBucket]:
     """Triggers (tasks created), replays (duplicate triggers absorbed), successes,
     failures and retries per UTC hour, oldest first, the last bucket being the
-    current hour. Three queries, on pilot_task_created_idx, pilot_replay_at_idx and
+    current hour. The minutes the dispatcher has folded are summed from
+    ActivityMinute (its unique index on minute); only the minutes after its
+    last mark — a few, while a dispatcher runs — are counted from history, in
+    three queries on pilot_task_created_idx, pilot_replay_at_idx and
     pilot_transition_at_idx."""
     current = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     first = current - timedelta(hours=hours - 1)
+    end = current + timedelta(hours=1)
     buckets = {first + timedelta(hours=i): ActivityBucket(first + timedelta(hours=i))
                for i in range(hours)}
+    last_mark = (ActivityMinute.objects.filter(workflow="", minute__lt=end)
+                 .order_by("-minute").values_list("minute", flat=True).first())
+    live_from = first
+    if last_mark is not None and last_mark >= first:
+        live_from = last_mark + timedelta(minutes=1)
+        folded = (ActivityMinute.objects.filter(minute__gte=first, minute__lt=live_from)
+                  .exclude(workflow="").annotate(hour=TruncHour("minute", tzinfo=UTC))
+                  .order_by().values("hour")
+                  .annotate(**{f: Sum(f) for f in FIELDS}))
+        for row in folded:
+            bucket = buckets[row["hour"]]
+            for field in FIELDS:
+                setattr(bucket, field, getattr(bucket, field) + (row[field] or 0))  # type: ignore[literal-required]
 
     # Bounded on both sides: a row written after `now` was read — in the next
     # hour when `now` is just before one, or by a database whose clock runs
     # ahead of this process's — belongs to no bucket here.
     def hourly(queryset, field, **aggregates):
-        return (queryset.filter(**{f"{field}__gte": first,
-                                   f"{field}__lt": current + timedelta(hours=1)})
+        return (queryset.filter(**{f"{field}__gte": live_from, f"{field}__lt": end})
                 .annotate(hour=TruncHour(field, tzinfo=UTC))
                 .order_by().values("hour").annotate(**aggregates))
 
     for row in hourly(Task.objects, "created_at", n=Count("*")):
-        buckets[row["hour"]].triggers = row["n"]
+        buckets[row["hour"]].triggers += row["n"]
     for row in hourly(TaskReplay.objects, "at", n=Sum("count")):
-        buckets[row["hour"]].replays = row["n"] or 0
+        buckets[row["hour"]].replays += row["n"] or 0
     for row in hourly(TaskTransition.objects, "at",
                       ok=Count("pk", filter=Q(to_state=TaskState.SUCCEEDED)),
                       bad=Count("pk", filter=Q(to_state=TaskState.FAILED)),
                       again=Count("pk", filter=Q(transition__in=RETRY_TRANSITIONS))):
         bucket = buckets[row["hour"]]
-        bucket.successes, bucket.failures, bucket.retries = row["ok"], row["bad"], row["again"]
+        bucket.successes += row["ok"]
+        bucket.failures += row["bad"]
+        bucket.retries += row["again"]
     return list(buckets.values())
 
 

@@ -21,6 +21,7 @@ from django.db import DatabaseError
 
 from workflows import database
 from workflows.conf import pilot_settings
+from workflows.engine.activity import ActivityFolding
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.replays import Folding
 from workflows.engine.schedules import ScheduleFireReport, schedules_fire_due
@@ -107,15 +108,18 @@ def _slots_due(report: ScheduleFireReport) -> list[tuple[float, float]]:
 def dispatcher_loop(stop: threading.Event, *, poll: float | None = None,
                     max_passes: int | None = None) -> int:
     """The dispatcher's loop: each pass recovers, enqueues and re-sends
-    (`dispatch_once`), fires due schedules and folds the replay log; it sleeps
+    (`dispatch_once`), fires due schedules, folds the replay log and the
+    dashboard's activity; it sleeps
     until the earliest due retry or slot it saw, at most the poll interval."""
     poll = pilot_settings.PILOT_DISPATCHER_POLL_SECONDS if poll is None else poll
     fold = Folding()
+    fold_activity = ActivityFolding()
 
     def run_pass() -> PassResult:
         report = dispatch_once()
         fired = schedules_fire_due()
         fold(report.db_now)  # type: ignore[arg-type]  # db_now: set by every pass
+        fold_activity(report.db_now)  # type: ignore[arg-type]
         retry = _until(report.next_due, report.db_now)
         due = _slots_due(fired) + ([] if retry is None else [(retry, 0.0)])
         return report.full or fired.full, due
