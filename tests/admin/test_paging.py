@@ -74,6 +74,14 @@ def test_a_keyset_page_keeps_the_filters(operator_client, owner):
     assert older_link(rest) is None and 'class="pilot-page-newest"' in rest
 
 
+def test_an_old_page_number_link_still_shows_that_page(operator_client, owner):
+    tasks = tasks_at(owner, 120)
+    newest_first = [t.idempotency_key for t in sorted(
+        tasks, key=lambda t: (t.created_at, t.pk), reverse=True)]
+    html = operator_client.get(LIST_URL, {"p": "3"}).content.decode()
+    assert shown_keys(html) == newest_first[100:]
+
+
 def test_a_malformed_position_is_dropped_with_a_message(operator_client, owner):
     response = operator_client.get(LIST_URL, {"before": "yesterday,not-an-id"})
     assert response.status_code == 302 and "before" not in response["Location"]

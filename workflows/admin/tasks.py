@@ -100,7 +100,9 @@ class TaskChangeList(ChangeList):
         with the links to the newest and the next older page."""
         super().get_results(request)
         self.pilot_count = count_text(self.result_count, self.paginator.exact)
-        self.pilot_keyset = ORDER_VAR not in self.params and ALL_VAR not in self.params
+        # A column order, "show all" or an old ?p= link: Django's own pages.
+        self.pilot_keyset = (ORDER_VAR not in self.params and ALL_VAR not in self.params
+                             and self.page_num <= 1)
         self.pilot_newer_url = self.pilot_older_url = None
         if not self.pilot_keyset:
             return
