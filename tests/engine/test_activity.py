@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from tests.factories import make_task
-from workflows.admin.stats import activity_per_hour
+from workflows.admin.stats import activity_per_hour, workflows_top_failing
 from workflows.engine.activity import (
     KEEP,
     MAX_MINUTES,
@@ -49,13 +49,17 @@ def chart(now):
 def test_a_fold_changes_nothing_on_the_chart_and_outlives_cleanup(owner):
     now = history(owner)
     before = chart(now)
+    failing = workflows_top_failing(now)
+    assert [(r["workflow"], r["failures"]) for r in failing] == [("demo.echo", 1)]
     assert sum(row[1] for row in before) == 4 and sum(row[2] for row in before) == 10
     assert sum(row[3] for row in before) == 2 and sum(row[4] for row in before) == 1
     until = minute_of(now) + MINUTE
     activity_fold(since=until - KEEP, until=until)
-    assert chart(now) == before
+    assert chart(now) == before and workflows_top_failing(now) == failing
     activity_fold(since=until - KEEP, until=until)  # a recount: nothing counted twice
-    assert chart(now) == before
+    assert chart(now) == before and workflows_top_failing(now) == failing
+    TaskTransition.objects.filter(to_state=S.FAILED).delete()  # read from the fold now
+    assert workflows_top_failing(now) == failing
     # History gone (cleanup): the folded minutes still answer.
     TaskReplay.objects.all().delete()
     TaskTransition.objects.all().delete()
