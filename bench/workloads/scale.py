@@ -189,7 +189,7 @@ def main() -> None:
     say(f"  claim {result['claim']}")
 
     # The dashboard reads the minutes a running dispatcher has folded: fold the
-    # day as its loop would (a first fold, in 60-minute chunks), timed.
+    # day as its loop would (a first fold, in 10-minute chunks), timed.
     from workflows.engine.activity import ActivityFolding, folded_until, minute_of
 
     fold, started = ActivityFolding(every=0), time.perf_counter()

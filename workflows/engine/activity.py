@@ -37,7 +37,7 @@ MINUTE = timedelta(minutes=1)
 KEEP = timedelta(hours=25)        # the dashboard's 24 h window and its current hour
 FOLD_SECONDS = 60.0              # each minute is recounted about three times
 LATE_MINUTES = 2
-MAX_MINUTES = 60                  # per fold: a first fold of a day takes 24 passes
+MAX_MINUTES = 10                  # per fold: a first fold of a day takes 150 short passes
 FIELDS = ("triggers", "replays", "successes", "failures", "retries")
 
 
