@@ -108,8 +108,12 @@ class ActivityFolding:
         until = minute_of(db_now)
         try:
             done = folded_until()
-            since = until - KEEP if done is None else max(until - KEEP,
-                                                          done - LATE_MINUTES * MINUTE)
+            if done is None:
+                since = until - KEEP
+            elif until - done > MAX_MINUTES * MINUTE:  # catching up: old minutes, none late
+                since = max(until - KEEP, done)
+            else:
+                since = max(until - KEEP, done - LATE_MINUTES * MINUTE)
             if since + MAX_MINUTES * MINUTE < until:
                 until, self.next_at = since + MAX_MINUTES * MINUTE, 0.0
             return activity_fold(since=since, until=until) if since < until else 0
