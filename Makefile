@@ -255,6 +255,15 @@ audit:
 bench-cleanup: $(VENV)/.installed-dev
 	$(PY) bench/cleanup_latency.py
 
+## bench-scale: the console, /metrics, triggers, claims and cleanup with a day of retained
+## history at each SIZE (comma-separated: 0.1M,1M,10M; 10 M fills for ~15 min and needs
+## ~25 GB); its own database, pilot_bench_scale, dropped after each size. Section 12 of
+## bench/results.md.
+SIZE ?= 0.1M,1M
+.PHONY: bench-scale
+bench-scale: $(VENV)/.installed-dev
+	$(PY) -m bench.scale $(SIZE)
+
 ## bench-admin: the operator console's pages on 100 000 tasks (also part of `make bench`);
 ## its own database, pilot_bench_admin, on the local PostgreSQL.
 bench-admin: $(VENV)/.installed

@@ -410,8 +410,12 @@ def main() -> None:
     meta = machine_meta(plan, load_start, os.getloadavg(), bench.elapsed() / 60)
     title = "PILOT benchmarks"
     print(report.render_text(title, meta, sections, goals))
-    RESULTS_MD.write_text(report.render_markdown(title, meta, sections, goals, [
-        "Produced by `make bench` (bench/run.py); raw figures in bench/out/results.json."]))
+    kept = kept_sections(RESULTS_MD.read_text() if RESULTS_MD.exists() else "")
+    markdown = report.render_markdown(title, meta, sections, goals, [
+        "Produced by `make bench` (bench/run.py); raw figures in bench/out/results.json."])
+    for kept_title, kept_section in kept:
+        markdown = splice_section(markdown, kept_title, kept_section)
+    RESULTS_MD.write_text(markdown)
     say(f"wrote {RESULTS_MD.relative_to(ROOT)} in {bench.elapsed() / 60:.1f} min")
 
 
@@ -459,6 +463,23 @@ def only_section(bench: Bench, load_start, only: str) -> None:
         f"{bench.elapsed() / 60:.1f} min")
     if bench.failures:
         raise SystemExit(f"a workload of section {number} failed:\n" + bench.failures[-1])
+
+
+# Sections another target writes (not part of a full run), kept across one.
+KEPT_PREFIXES = ("## 12. ",)  # make bench-scale (bench/scale.py)
+
+
+def kept_sections(markdown: str) -> list[tuple[str, str]]:
+    """(title, text) of each section of `markdown` that a full run keeps."""
+    lines = markdown.splitlines(keepends=True)
+    found = []
+    for i, line in enumerate(lines):
+        if line.startswith(KEPT_PREFIXES):
+            end = next((j for j in range(i + 1, len(lines))
+                        if lines[j].startswith("## ") or lines[j].startswith("Produced by")),
+                       len(lines))
+            found.append((line[3:].rstrip(), "".join(lines[i:end])))
+    return found
 
 
 def splice_section(markdown: str, title: str, section: str) -> str:

@@ -144,3 +144,20 @@ def has_table(name: str, using: str = "default") -> bool:
 __all__ = ["close_connections", "database_state", "drop_if_dead", "has_table", "in_transaction",
            "is_postgresql", "refresh_connections", "serialize", "statement_time_limit",
            "vendor_name"]
+
+
+def estimated_rows(queryset) -> int | None:
+    """The planner's estimate of how many rows `queryset` returns (PostgreSQL:
+    the top node's rows in EXPLAIN, from the statistics ANALYZE keeps; no row
+    is read), or None on a database that cannot say cheaply."""
+    if not is_postgresql():
+        return None
+    import json
+
+    sql, params = queryset.order_by().values("pk").query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        plan = cursor.fetchone()[0]
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])

@@ -11,6 +11,7 @@ from workflows.admin import stats
 from workflows.admin.clock import console_now
 from workflows.admin.pictures.chart import SERIES, activity_chart
 from workflows.admin.pictures.svg import STATE_COLORS
+from workflows.admin.text import count_text
 from workflows.admin.workers import work_status
 from workflows.selectors import task_counts_by_state
 
@@ -34,9 +35,10 @@ def dashboard_context(now) -> dict:
     return {
         "now": now,
         # .get: a state added to the model before it has a colour still counts.
-        "state_counts": [(state, n, STATE_COLORS.get(state, "#6b7280"))
+        "state_counts": [(state, count_text(n, state not in counts.estimated),
+                          STATE_COLORS.get(state, "#6b7280"))
                          for state, n in counts.items()],
-        "total_tasks": sum(counts.values()),
+        "total_tasks": count_text(sum(counts.values()), not counts.estimated),
         "chart": activity_chart(buckets),
         "buckets": buckets,
         "series": SERIES,

@@ -5,7 +5,7 @@ database (`?idempotency_key=…`, `?payload__has_key=…`), and a value the
 database refuses — a NUL character, which PostgreSQL's text cannot hold, a
 time zone offset beyond ±15:59, an integer beyond bigint — would be a 500 when
 the page renders. So the list accepts exactly the parameters its own filters,
-date hierarchy, search, ordering and pagination produce, each with a value of
+date links, search, ordering and pagination produce, each with a value of
 the right shape; anything else is dropped with a message that names it
 (`list_params_check`). The filter-wide actions and the live endpoint take
 filters through the same check.
@@ -20,6 +20,7 @@ from datetime import UTC, date, timedelta
 from django.http import QueryDict
 from django.utils.dateparse import parse_date, parse_datetime
 
+from workflows.admin.paging import cursor_problem
 from workflows.rules.states import TaskState
 
 MAX_OFFSET = timedelta(hours=15, minutes=59)  # what PostgreSQL's timestamptz accepts
@@ -86,6 +87,7 @@ CHECKS = {
     "q": _search,
     "o": lambda v: "" if re.fullmatch(r"[0-9.\-]{0,50}", v) else "is not a column order",
     "p": _int_in(1, 10**9),
+    "before": cursor_problem,
     "state__exact": _state,
     "workflow": _workflow,
     "owner": _int_in(1, 2**63 - 1),

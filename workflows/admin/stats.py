@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime, timedelta
 
-from django.db.models import Count, Max, OuterRef, Q, Subquery, Sum
+from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncHour
 
-from workflows.models import Task, TaskReplay, TaskTransition
+from workflows.models import ActivityMinute, Task, TaskReplay, TaskTransition
+from workflows.models.activity import RETRY_TRANSITIONS
 from workflows.rules.states import TaskState
 
-RETRY_TRANSITIONS = ("schedule_retry", "recover")
+FIELDS = ("triggers", "replays", "successes", "failures", "retries")
 
 
 @dataclasses.dataclass
@@ -32,32 +33,50 @@ class ActivityBucket:
 def activity_per_hour(now: datetime, *, hours: int = 24) -> list[ActivityBucket]:
     """Triggers (tasks created), replays (duplicate triggers absorbed), successes,
     failures and retries per UTC hour, oldest first, the last bucket being the
-    current hour. Three queries, on pilot_task_created_idx, pilot_replay_at_idx and
+    current hour. The minutes the dispatcher has folded are summed from
+    ActivityMinute (its unique index on minute); only the minutes after its
+    last mark — a few, while a dispatcher runs — are counted from history, in
+    three queries on pilot_task_created_idx, pilot_replay_at_idx and
     pilot_transition_at_idx."""
     current = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     first = current - timedelta(hours=hours - 1)
+    end = current + timedelta(hours=1)
     buckets = {first + timedelta(hours=i): ActivityBucket(first + timedelta(hours=i))
                for i in range(hours)}
+    last_mark = (ActivityMinute.objects.filter(workflow="", minute__lt=end)
+                 .order_by("-minute").values_list("minute", flat=True).first())
+    live_from = first
+    if last_mark is not None and last_mark >= first:
+        live_from = last_mark + timedelta(minutes=1)
+        folded = (ActivityMinute.objects.filter(minute__gte=first, minute__lt=live_from)
+                  .exclude(workflow="").annotate(hour=TruncHour("minute", tzinfo=UTC))
+                  .order_by().values("hour")
+                  .annotate(**{f: Sum(f) for f in FIELDS}))
+        for row in folded:
+            bucket = buckets[row["hour"]]
+            for field in FIELDS:
+                setattr(bucket, field, getattr(bucket, field) + (row[field] or 0))  # type: ignore[literal-required]
 
     # Bounded on both sides: a row written after `now` was read — in the next
     # hour when `now` is just before one, or by a database whose clock runs
     # ahead of this process's — belongs to no bucket here.
     def hourly(queryset, field, **aggregates):
-        return (queryset.filter(**{f"{field}__gte": first,
-                                   f"{field}__lt": current + timedelta(hours=1)})
+        return (queryset.filter(**{f"{field}__gte": live_from, f"{field}__lt": end})
                 .annotate(hour=TruncHour(field, tzinfo=UTC))
                 .order_by().values("hour").annotate(**aggregates))
 
     for row in hourly(Task.objects, "created_at", n=Count("*")):
-        buckets[row["hour"]].triggers = row["n"]
+        buckets[row["hour"]].triggers += row["n"]
     for row in hourly(TaskReplay.objects, "at", n=Sum("count")):
-        buckets[row["hour"]].replays = row["n"] or 0
+        buckets[row["hour"]].replays += row["n"] or 0
     for row in hourly(TaskTransition.objects, "at",
                       ok=Count("pk", filter=Q(to_state=TaskState.SUCCEEDED)),
                       bad=Count("pk", filter=Q(to_state=TaskState.FAILED)),
                       again=Count("pk", filter=Q(transition__in=RETRY_TRANSITIONS))):
         bucket = buckets[row["hour"]]
-        bucket.successes, bucket.failures, bucket.retries = row["ok"], row["bad"], row["again"]
+        bucket.successes += row["ok"]
+        bucket.failures += row["bad"]
+        bucket.retries += row["again"]
     return list(buckets.values())
 
 
@@ -87,18 +106,39 @@ def tasks_waiting_for_a_person(*, limit: int = 10) -> list[Task]:
 
 def workflows_top_failing(now: datetime, *, since: timedelta = timedelta(hours=24),
                           limit: int = 10) -> list[dict]:
-    """Workflows with the most tasks that ended `failed` in the window, with the
-    latest such task and its error. Two queries: the groups with each one's
-    latest task id (pilot_task_finished_idx narrows to the window), then those tasks'
-    errors by primary key."""
-    failed = Task.objects.filter(state=TaskState.FAILED, finished_at__gte=now - since)
-    latest = failed.filter(workflow=OuterRef("workflow")).order_by("-finished_at")
-    rows = list(failed.order_by().values("workflow")
-                .annotate(failures=Count("*"), latest_at=Max("finished_at"),
-                          latest_id=Subquery(latest.values("pk")[:1]))
-                .order_by("-failures", "workflow")[:limit])
-    errors = {pk: (error, kind) for pk, error, kind in Task.objects.filter(
-        pk__in=[r["latest_id"] for r in rows]).values_list("pk", "error", "error_type")}
-    for row in rows:
-        row["latest_error"], row["latest_error_type"] = errors.get(row["latest_id"], ("", ""))
+    """Workflows with the most failures (transitions to `failed`) in the window,
+    with the newest failed task of each and its error. The failures per
+    workflow are summed from the minutes the dispatcher has folded
+    (ActivityMinute) and counted from history only after its last mark (on
+    pilot_transition_at_idx); then, per workflow shown, its newest failed task
+    (pilot_task_state_created_idx, newest first: stops at the first of that
+    workflow). Never an aggregate over the day's failed tasks (5.6 s at 10 M)."""
+    start = now - since
+    last_mark = (ActivityMinute.objects.filter(workflow="", minute__lt=now)
+                 .order_by("-minute").values_list("minute", flat=True).first())
+    live_from = start
+    failures: dict[str, int] = {}
+    if last_mark is not None and last_mark >= start:
+        live_from = last_mark + timedelta(minutes=1)
+        for workflow, n in (ActivityMinute.objects
+                            .filter(minute__gte=start, minute__lt=live_from, failures__gt=0)
+                            .exclude(workflow="").order_by().values("workflow")
+                            .annotate(n=Sum("failures")).values_list("workflow", "n")):
+            failures[workflow] = failures.get(workflow, 0) + n
+    for workflow, n in (TaskTransition.objects
+                        .filter(at__gte=live_from, at__lt=now, to_state=TaskState.FAILED)
+                        .order_by().values("task__workflow").annotate(n=Count("pk"))
+                        .values_list("task__workflow", "n")):
+        failures[workflow] = failures.get(workflow, 0) + n
+    top = sorted(failures.items(), key=lambda item: (-item[1], item[0]))[:limit]
+    rows = []
+    for workflow, n in top:
+        latest = (Task.objects.filter(state=TaskState.FAILED, workflow=workflow)
+                  .order_by("-created_at")
+                  .values("pk", "finished_at", "error", "error_type").first())
+        if latest is None:
+            continue  # failed, then retried (or cleaned up) since
+        rows.append({"workflow": workflow, "failures": n, "latest_id": latest["pk"],
+                     "latest_at": latest["finished_at"], "latest_error": latest["error"],
+                     "latest_error_type": latest["error_type"]})
     return rows

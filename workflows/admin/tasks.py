@@ -23,7 +23,7 @@ from datetime import datetime
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.views.main import ALL_VAR, ORDER_VAR, ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, Q, Subquery
 from django.db.models.functions import Substr
@@ -51,8 +51,16 @@ from workflows.admin.filters import (
     WorkflowFilter,
 )
 from workflows.admin.list_params import list_params_check, problems_text
+from workflows.admin.paging import (
+    CURSOR,
+    EstimatedCountPaginator,
+    cursor_parse,
+    cursor_text,
+    older_than,
+)
 from workflows.admin.task_page import task_page
 from workflows.admin.text import (
+    count_text,
     duration_text,
     pretty_json,
     state_badge,
@@ -87,6 +95,33 @@ class TaskChangeList(ChangeList):
                 .annotate(error_head=Substr("error", 1, ERROR_CHARS + 1),
                           current_step=Subquery(running_step), pilot_now=DB_NOW))
 
+    def get_filters_params(self, params=None):
+        lookup = super().get_filters_params(params)
+        lookup.pop(CURSOR, None)  # a position in the list, not a filter
+        return lookup
+
+    def get_results(self, request):
+        """Django's results, then — in the default order, newest first — the
+        page after `?before=` by keyset instead of OFFSET (workflows.admin.paging),
+        with the links to the newest and the next older page."""
+        super().get_results(request)
+        self.pilot_count = count_text(self.result_count, self.paginator.exact)
+        # A column order, "show all" or an old ?p= link: Django's own pages.
+        self.pilot_keyset = (ORDER_VAR not in self.params and ALL_VAR not in self.params
+                             and self.page_num <= 1)
+        self.pilot_newer_url = self.pilot_older_url = None
+        if not self.pilot_keyset:
+            return
+        cursor = cursor_parse(self.params.get(CURSOR, ""))
+        rows = older_than(self.queryset, cursor) if cursor else self.queryset
+        self.result_list = list(rows[:self.list_per_page])
+        self.multi_page = self.multi_page or cursor is not None
+        if cursor is not None:
+            self.pilot_newer_url = self.get_query_string(remove=[CURSOR])
+        if len(self.result_list) == self.list_per_page:
+            self.pilot_older_url = self.get_query_string(
+                {CURSOR: cursor_text(self.result_list[-1])})
+
 
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
@@ -99,10 +134,14 @@ class TaskAdmin(admin.ModelAdmin):
     # The search itself is get_search_results; this only turns the search box on.
     search_fields = ["idempotency_key"]
     search_help_text = "A task id (or its first 8+ characters) or the start of an idempotency key."
-    date_hierarchy = "created_at"
+    # No date_hierarchy: its links come from a DISTINCT date_trunc over every
+    # matching task (4 s at 10 M); the created_at filter covers the same need.
+    # No facets either: they are a COUNT per choice over the whole table.
+    show_facets = admin.ShowFacets.NEVER
+    paginator = EstimatedCountPaginator
     list_select_related = ["owner"]
     list_per_page = 50
-    # A second COUNT(*) over the whole table only to print "of N" is not worth it at 100 000.
+    # A second COUNT(*) over the whole table only to print "of N" is not worth it.
     show_full_result_count = False
     ordering = ["-created_at"]
     actions = ["cancel_selected", "retry_selected", "retry_selected_from_start"]

@@ -95,3 +95,14 @@ def pretty_json(value) -> SafeString:
         return format_html('<span class="pilot-muted">{}</span>', "null")
     text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
     return format_html('<pre class="pilot-json">{}</pre>', text)
+
+
+def count_text(n: int, exact: bool = True) -> str:
+    """An exact count as is; an estimate rounded to what it is worth and said
+    to be one: "about 12 000", "about 8.6 M"."""
+    if exact:
+        return str(n)
+    if n >= 1_000_000:
+        return f"about {n / 1_000_000:.1f} M"
+    shown = round(n, 2 - len(str(n)))  # two significant digits
+    return f"about {shown:,}".replace(",", " ")

@@ -21,6 +21,7 @@ from django.db import DatabaseError
 
 from workflows import database
 from workflows.conf import pilot_settings
+from workflows.engine.activity import ActivityFolding
 from workflows.engine.dispatcher import DatabaseWatch, dispatch_once
 from workflows.engine.replays import Folding
 from workflows.engine.schedules import ScheduleFireReport, schedules_fire_due
@@ -107,16 +108,19 @@ def _slots_due(report: ScheduleFireReport) -> list[tuple[float, float]]:
 def dispatcher_loop(stop: threading.Event, *, poll: float | None = None,
                     max_passes: int | None = None) -> int:
     """The dispatcher's loop: each pass recovers, enqueues and re-sends
-    (`dispatch_once`), fires due schedules and folds the replay log; it sleeps
+    (`dispatch_once`), fires due schedules, folds the replay log and the
+    dashboard's activity; it sleeps
     until the earliest due retry or slot it saw, at most the poll interval."""
     poll = pilot_settings.PILOT_DISPATCHER_POLL_SECONDS if poll is None else poll
     fold = Folding()
     watch = DatabaseWatch()  # a failover seen between two passes (docs/design.md, "Dispatcher")
+    fold_activity = ActivityFolding()
 
     def run_pass() -> PassResult:
         report = dispatch_once(watch=watch)
         fired = schedules_fire_due()
         fold(report.db_now)  # type: ignore[arg-type]  # db_now: set by every pass
+        fold_activity(report.db_now)  # type: ignore[arg-type]
         retry = _until(report.next_due, report.db_now)
         due = _slots_due(fired) + ([] if retry is None else [(retry, 0.0)])
         return report.full or fired.full, due

@@ -1,3 +1,4 @@
+from workflows.models.activity import ActivityMinute
 from workflows.models.demo import DemoLedger, DemoOrder
 from workflows.models.replay import TaskReplay
 from workflows.models.schedule import MissedPolicy, PilotSchedule, ScheduleOrigin
@@ -13,6 +14,7 @@ from workflows.models.webhook import (
     WebhookEndpoint,
 )
 
-__all__ = ["ApiToken", "ClientWebhook", "DeliveryState", "DemoLedger", "DemoOrder",
-           "MissedPolicy", "PilotSchedule", "ScheduleOrigin", "StepCheckpoint", "Task",
-           "TaskReplay", "TaskSignal", "TaskTransition", "WebhookDelivery", "WebhookEndpoint"]
+__all__ = ["ActivityMinute", "ApiToken", "ClientWebhook", "DeliveryState", "DemoLedger",
+           "DemoOrder", "MissedPolicy", "PilotSchedule", "ScheduleOrigin", "StepCheckpoint",
+           "Task", "TaskReplay", "TaskSignal", "TaskTransition", "WebhookDelivery",
+           "WebhookEndpoint"]

@@ -171,8 +171,14 @@ class Task(ConcurrentTransitionMixin, models.Model):
             models.Index(fields=["state", "-created_at"], name="pilot_task_state_created_idx"),
             # Admin/API filter by workflow, newest first.
             models.Index(fields=["workflow", "-created_at"], name="pilot_task_wf_created_idx"),
-            # Admin default ordering, date hierarchy, dashboard triggers per hour.
+            # Admin default ordering and its keyset pages, dashboard triggers per hour.
             models.Index(fields=["-created_at"], name="pilot_task_created_idx"),
+            # Console key search: idempotency_key LIKE 'prefix%' (and = key). The
+            # pattern opclass serves LIKE under any collation (the database's C.UTF-8
+            # is not "C" to PostgreSQL); task_owner_key_uniq leads with owner_id.
+            # Other databases ignore the opclass and get a plain index.
+            models.Index(fields=["idempotency_key"], name="pilot_task_key_prefix_idx",
+                         opclasses=["varchar_pattern_ops"]),
             # The queue: workers claim the next due task (state IN pending/retrying AND
             # next_attempt_at <= now ORDER BY next_attempt_at ... SKIP LOCKED); the
             # dispatcher finds due retries and phases (compensating/cancelling) and the

@@ -22,7 +22,9 @@ Read at scrape time rather than counted (each cached for
 PILOT_METRICS_TASKS_TTL seconds in the shared cache, so many web processes and
 scrapers cost one read per TTL):
 
-- `pilot_tasks{state}`: one GROUP BY over an index (`task_counts_by_state`);
+- `pilot_tasks{state}`: exact for the unfinished states (few whatever the
+  retention), and for a finished state up to 10 000 tasks, the planner's
+  estimate beyond (`task_counts_by_state`: no read of history);
 - `pilot_backlog_tasks` and `pilot_oldest_pending_age_seconds`: tasks waiting
   for a worker (pending, or retrying and due) and how long the oldest has;
 - `pilot_dispatcher_last_pass_age_seconds`: since any dispatcher last finished

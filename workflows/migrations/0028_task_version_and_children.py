@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('workflows', '0025_task_source_django_tasks'),
+        ('workflows', '0027_activity_minute'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -1,0 +1,239 @@
+"""PILOT with a day of retained history (issue 34): one size per process.
+
+    python -m bench.workloads.scale --tasks 1000000 [--reps 7]
+
+Recreates its own database (BENCH_SCALE_DB, default pilot_bench_scale), migrates
+it, fills it with the scale study's generator (tests/support/history.py:
+`--tasks` tasks, 3 steps and 4 transitions each, 10 % expired, an active set of
+3 000) ending now, then measures in this process, with production settings
+(bench.settings: DEBUG off), the ORM broker and the database cache, and
+`PILOT_METRICS_TASKS_TTL=0` so every scrape reads the database:
+
+- trigger p50/p99 (`task_trigger`, in process): new keys, then replays of
+  succeeded demo.echo tasks spread over the history;
+- claim p50/p99 (`PostgresStore.claim_next`, the worker's call) over the 2 000
+  due tasks;
+- the console (Django's test client, signed in as a superuser): task list
+  default, key search, failed + demo.saga, page 100 (the keyset position of
+  row 4 951), the dashboard, Workers & queue; `--reps` renders after one
+  warm-up (3 when the warm-up took over 2 s), the median;
+- /metrics, the same way;
+- the dispatcher's activity fold (engine/activity.py) of the day, first, as it
+  would have folded it, then one pass once caught up;
+- baseline, in the same run: Django's own admin list of users;
+- `cleanup_tasks` over the expired 10 % (nothing else running): tasks/s.
+
+Emits one JSON result (bench.common.emit_result); bench/scale.py runs it per
+size and writes the section of bench/results.md. Drops its database at the end
+unless --keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from datetime import timedelta
+
+from bench.common import OUT, db_url, emit_result
+from bench.common import log as say
+
+DB_NAME = os.environ.get("BENCH_SCALE_DB", "pilot_bench_scale")
+
+
+def percentiles(times: list[float]) -> dict:
+    ordered = sorted(times)
+    return {"p50_ms": round(statistics.median(ordered), 2),
+            "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 2),
+            "n": len(ordered)}
+
+
+def timed(call) -> float:
+    started = time.perf_counter()
+    call()
+    return (time.perf_counter() - started) * 1000
+
+
+def triggers(owners, n: int, tasks: int) -> dict:
+    from workflows.engine.triggers import task_trigger
+    from workflows.models import Task
+
+    def new(i):
+        outcome = task_trigger(owner=owners[i % len(owners)], key=f"bench-new-{i}",
+                               workflow="demo.echo", payload={"i": i})
+        assert outcome.outcome == "created", outcome.outcome
+
+    for i in range(20):
+        new(-1 - i)
+    created = [timed(lambda i=i: new(i)) for i in range(n)]
+    # Replays: succeeded, unexpired demo.echo tasks spread evenly over the history
+    # (keys ord-<i>; the unexpired ones are i > tasks / 10).
+    first, last = tasks // 10 + 1, tasks - 3000
+    keys = [f"ord-{i:09d}" for i in range(first, last, max(1, (last - first) // (8 * n)))]
+    olds = list(Task.objects.filter(idempotency_key__in=keys, state="succeeded",
+                                    workflow="demo.echo")
+                .select_related("owner").only("idempotency_key", "payload", "owner")[:n])
+    assert len(olds) == n, len(olds)
+
+    def replay(task):
+        outcome = task_trigger(owner=task.owner, key=task.idempotency_key,
+                               workflow="demo.echo", payload=task.payload)
+        assert outcome.outcome == "replayed", outcome.outcome
+
+    replayed = [timed(lambda t=t: replay(t)) for t in olds]
+    return {"new": percentiles(created), "replay": percentiles(replayed)}
+
+
+def claims(n: int) -> dict:
+    from workflows.engine.store.postgres import PostgresStore
+
+    store = PostgresStore()
+    times = []
+    for i in range(n + 20):
+        started = time.perf_counter()
+        claimed = store.claim_next(worker=f"bench-scale:{i % 4}", lease=timedelta(minutes=5))
+        elapsed = (time.perf_counter() - started) * 1000
+        assert claimed is not None, "no due task left to claim"
+        if i >= 20:
+            times.append(elapsed)
+    return percentiles(times)
+
+
+def page(client, url: str, reps: int) -> dict:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    warm = timed(lambda: client.get(url))
+    if warm > 2000:
+        reps = 3
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        response = client.get(url)
+        times.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200, (url, response.status_code)
+    with CaptureQueriesContext(connection) as queries:
+        client.get(url)
+    return {"url": url, "median_ms": round(statistics.median(times), 1),
+            "max_ms": round(max(times), 1), "queries": len(queries)}
+
+
+def cleanup() -> dict:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from workflows.models import Task
+
+    before = Task.objects.count()
+    started = time.perf_counter()
+    call_command("cleanup_tasks", stdout=StringIO())
+    seconds = time.perf_counter() - started
+    deleted = before - Task.objects.count()
+    return {"deleted": deleted, "seconds": round(seconds, 2),
+            "tasks_per_s": round(deleted / seconds) if seconds else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tasks", type=int, required=True)
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--triggers", type=int, default=300)
+    parser.add_argument("--keep", action="store_true", help="keep the filled database")
+    args = parser.parse_args()
+
+    from bench.workloads.prepare import recreate_database
+
+    recreate_database(DB_NAME)
+    os.environ["DATABASE_URL"] = db_url(DB_NAME)
+    os.environ.pop("REDIS_URL", None)  # the embedded default: ORM broker, database cache
+    os.environ.setdefault("PILOT_DEMO_WORKFLOWS", "true")
+    os.environ["PILOT_METRICS_TASKS_TTL"] = "0"
+    os.environ["PILOT_METRICS_PUBLIC"] = "true"
+    os.environ["PILOT_MAX_RUNNING_PER_CLIENT"] = "0"
+    hosts = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1")
+    os.environ["DJANGO_ALLOWED_HOSTS"] = f"{hosts},testserver"
+    os.environ["DJANGO_STATIC_ROOT"] = str(OUT / "static-scale")
+    from bench.workloads import pilotdb
+
+    pilotdb.setup()
+    import logging
+
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import connection
+    from django.test import Client
+    from django.utils import timezone
+
+    from tests.support.history import history_fill
+    from workflows.admin.paging import cursor_text
+    from workflows.models import Task
+
+    logging.getLogger("pilot.events").setLevel(logging.WARNING)
+    call_command("migrate", interactive=False, verbosity=0)
+    call_command("collectstatic", interactive=False, verbosity=0)
+    started = time.monotonic()
+    history_fill(args.tasks, timezone.now())
+    filled = time.monotonic() - started
+    say(f"  filled {args.tasks} tasks in {filled:.0f} s")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_database_size(current_database())")
+        size_bytes = cursor.fetchone()[0]
+
+    owners = list(get_user_model().objects.filter(username__startswith="scale-client-"))
+    result = {"tasks": args.tasks, "fill_seconds": round(filled), "database_bytes": size_bytes}
+    result["trigger"] = triggers(owners, args.triggers, args.tasks)
+    say(f"  trigger {result['trigger']}")
+    result["claim"] = claims(300)
+    say(f"  claim {result['claim']}")
+
+    # The dashboard reads the minutes a running dispatcher has folded: fold the
+    # day as its loop would (a first fold, in 10-minute chunks), timed.
+    from workflows.engine.activity import ActivityFolding, folded_until, minute_of
+
+    fold, started = ActivityFolding(every=0), time.perf_counter()
+    while folded_until() is None or folded_until() < minute_of(timezone.now()):
+        assert fold(timezone.now()) is not None, "the activity fold failed"
+    result["first_fold_seconds"] = round(time.perf_counter() - started, 1)
+    started = time.perf_counter()
+    fold(timezone.now())
+    result["fold_pass_ms"] = round((time.perf_counter() - started) * 1000, 1)
+    say(f"  activity folded: first {result['first_fold_seconds']} s, "
+        f"then {result['fold_pass_ms']} ms a pass")
+
+    operator = get_user_model().objects.create_superuser("bench-operator", password="x" * 12)
+    client = Client()
+    client.force_login(operator)
+    base = "/admin/workflows/task/"
+    row_4951 = Task.objects.order_by("-created_at", "-pk")[99 * 50 - 1]
+    key = f"ord-{args.tasks // 2:09d}"
+    pages = {
+        "list default": base,
+        "key search": f"{base}?q={key}",
+        "failed + workflow": f"{base}?state__exact=failed&workflow=demo.saga",
+        "page 100": f"{base}?before={cursor_text(row_4951).replace('+', '%2B')}",
+        "task page": f"{base}{row_4951.pk}/change/",
+        "dashboard": f"{base}dashboard/",
+        "dashboard live": f"{base}live/?view=dashboard",
+        "workers & queue": f"{base}workers/",
+        "metrics": "/metrics",
+        "baseline: Django's admin list of users": "/admin/auth/user/",
+    }
+    result["pages"] = {}
+    for name, url in pages.items():
+        result["pages"][name] = page(client, url, args.reps)
+        say(f"  {name}: {result['pages'][name]['median_ms']} ms")
+    result["cleanup"] = cleanup()
+    say(f"  cleanup {result['cleanup']}")
+    emit_result(result)
+    if not args.keep:
+        connection.close()
+        import psycopg
+
+        with psycopg.connect(db_url("postgres"), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()
