@@ -19,14 +19,11 @@ Times are the database's. Needs the test app (bench/settings.py).
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import uuid
 
-from bench.common import PILOT_PY, Proc, emit_result
+from bench.common import emit_result
 from bench.common import log as say
 from bench.workloads import pilotdb
-from bench.workloads.waiting import _until, finished, short_runs, trigger
+from bench.workloads.waiting import _until, finished, short_runs, start_cluster, trigger
 
 
 def main() -> None:
@@ -36,17 +33,7 @@ def main() -> None:
     args = parser.parse_args()
 
     pilotdb.setup()
-    from django.conf import settings
-
-    logging.getLogger("pilot.events").setLevel(logging.WARNING)
-    pilotdb.reset()
-    broker = "redis" if settings.REDIS_URL else "orm"
-    tag = f"fan-{broker}-{uuid.uuid4().hex[:6]}"
-    env = dict(os.environ, PILOT_Q_WORKERS=str(args.workers))
-    procs = [Proc(f"{tag}-qcluster", [PILOT_PY, "manage.py", "qcluster"], env),
-             Proc(f"{tag}-dispatcher", [PILOT_PY, "manage.py", "run_dispatcher"], env)]
-    for proc in procs:
-        proc.start()
+    broker, tag, procs = start_cluster("fan", args.workers)
     try:
         trigger(f"{tag}-warm", "test.noop3", 1)
         finished(f"{tag}-warm", 1, procs)

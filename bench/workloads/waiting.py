@@ -52,19 +52,9 @@ def main() -> None:
         raise SystemExit("--signals must be at most --parked (it signals parked tasks)")
 
     pilotdb.setup()
-    from django.conf import settings
-
     from workflows.conf import pilot_settings
 
-    logging.getLogger("pilot.events").setLevel(logging.WARNING)
-    pilotdb.reset()
-    broker = "redis" if settings.REDIS_URL else "orm"
-    tag = f"wait-{broker}-{uuid.uuid4().hex[:6]}"
-    env = dict(os.environ, PILOT_Q_WORKERS=str(args.workers))
-    procs = [Proc(f"{tag}-qcluster", [PILOT_PY, "manage.py", "qcluster"], env),
-             Proc(f"{tag}-dispatcher", [PILOT_PY, "manage.py", "run_dispatcher"], env)]
-    for proc in procs:
-        proc.start()
+    broker, tag, procs = start_cluster("wait", args.workers)
     try:
         with Server(dict(os.environ), name=f"{tag}-gunicorn", workers=1) as server:
             trigger(f"{tag}-warm", "test.noop3", 1)
@@ -90,6 +80,23 @@ def main() -> None:
         "timer_next_step_late_p99_ms": _p(next_ms, 99),
         "dispatcher_poll_s": pilot_settings.PILOT_DISPATCHER_POLL_SECONDS,
     })
+
+
+def start_cluster(kind: str, workers: int) -> tuple[str, str, list[Proc]]:
+    """On an emptied bench database: a qcluster of `workers` and a dispatcher,
+    started; (broker, a tag naming this run's processes, the processes)."""
+    from django.conf import settings
+
+    logging.getLogger("pilot.events").setLevel(logging.WARNING)
+    pilotdb.reset()
+    broker = "redis" if settings.REDIS_URL else "orm"
+    tag = f"{kind}-{broker}-{uuid.uuid4().hex[:6]}"
+    env = dict(os.environ, PILOT_Q_WORKERS=str(workers))
+    procs = [Proc(f"{tag}-qcluster", [PILOT_PY, "manage.py", "qcluster"], env),
+             Proc(f"{tag}-dispatcher", [PILOT_PY, "manage.py", "run_dispatcher"], env)]
+    for proc in procs:
+        proc.start()
+    return broker, tag, procs
 
 
 def _p(values: list[float], q: float) -> float | None:

@@ -1,6 +1,6 @@
-"""docs/writing-workflows.md, "Testing a workflow": the example workflow and its
-tests run as written (so the page cannot rot), on whichever database this run
-uses."""
+"""docs/writing-workflows.md: the example workflow of "Testing a workflow" and
+its tests, and the examples of "Children" and "Versions", run as written (so
+the page cannot rot), on whichever database this run uses."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import re
 import pytest
 
 from tests.support.procs import ROOT
+from workflows.models import Task
 from workflows.registry import registry
+from workflows.testing import run_workflow
 
 PAGE = ROOT / "docs" / "writing-workflows.md"
 
@@ -60,3 +62,45 @@ def test_the_pages_tests_can_fail(shop_workflow):
                                            compensation=reserve.compensation)
     with pytest.raises(AssertionError):
         page_tests()["test_a_crash_after_the_reservation_does_not_reserve_twice"]()
+
+
+# --- "Children" and "Versions": their examples run as written ----------------------
+
+@pytest.fixture
+def reports():
+    exec(compile(example("reports/pilot_workflows.py"), "reports/pilot_workflows.py", "exec"),
+         {})
+    yield
+    registry.unregister("reports.book")
+    registry.unregister("reports.page")
+
+
+@pytest.fixture
+def orders():
+    exec(compile(example("orders/pilot_workflows.py"), "orders/pilot_workflows.py", "exec"), {})
+    yield
+    registry.unregister("orders.fulfil")
+
+
+@pytest.mark.django_db
+def test_the_book_fans_out_a_child_per_page_and_binds_their_results_in_order(reports):
+    book = run_workflow("reports.book", {"pages": 3})
+    assert (book.state, book.result) == ("succeeded", {"pages": 3, "words": 600})
+    pages = Task.objects.filter(parent=book).order_by("parent_index")
+    assert [p.payload for p in pages] == [{"page": 1}, {"page": 2}, {"page": 3}]
+    assert book.children_count == 3
+
+
+@pytest.mark.django_db
+def test_a_crash_after_the_split_starts_no_page_twice(reports):
+    book = run_workflow("reports.book", {"pages": 2}, crash_at="after_step_body")
+    assert book.state == "succeeded"
+    assert Task.objects.filter(parent=book).count() == 2
+
+
+@pytest.mark.django_db
+def test_the_orders_example_registers_two_versions_and_triggers_run_the_newest(orders):
+    assert [w.version for w in registry.versions("orders.fulfil")] == [1, 2]
+    task = run_workflow("orders.fulfil", {"sku": "A-1"})
+    assert task.version == 2
+    assert [s.name for s in task.steps.all()] == ["reserve", "check_fraud", "ship"]

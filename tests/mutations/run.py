@@ -504,7 +504,7 @@ MUTANTS = (
         "a child's ending does not settle its parent (the parent waits for the dispatcher's "
         "pass, or forever if it is not running)",
         "workflows/engine/announce.py",
-        (("        settle_on_commit(move.parent_id, move.actor)\n",
+        (("        settle_on_commit(move.parent_id, move.actor, step=move.parent_step)\n",
           "        pass\n"),),
         ("tests/windows/test_children_windows.py::"
          "test_the_last_two_children_ending_at_once_wake_their_parent_once",
