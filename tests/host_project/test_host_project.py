@@ -47,6 +47,9 @@ def host_venv(tmp_path_factory) -> Path:
     dependencies (the versions requirements.txt pins, as constraints)."""
     tmp = tmp_path_factory.mktemp("host-venv")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # setuptools builds in ROOT/build and never removes a file the tree lost
+    # since the last build (a renamed migration would ship twice): start clean.
+    shutil.rmtree(ROOT / "build", ignore_errors=True)
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp / "dist", ROOT],
         cwd=tmp, env=env)
     [wheel] = (tmp / "dist").glob("pilot_workflows-*.whl")

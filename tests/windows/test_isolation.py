@@ -171,11 +171,11 @@ def test_the_dispatcher_loop_outlives_a_pass_that_raises(monkeypatch):
     calls = []
     real = loop.dispatch_once
 
-    def flaky():
+    def flaky(**kwargs):
         calls.append(1)
         if len(calls) == 1:
             raise KeyError("a bug in one pass")
-        return real()
+        return real(**kwargs)
 
     monkeypatch.setattr(loop, "dispatch_once", flaky)
     assert dispatcher_loop(threading.Event(), poll=0.01, max_passes=2) == 2

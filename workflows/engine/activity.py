@@ -24,10 +24,10 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import transaction
 from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncMinute
 
+from workflows.engine.store import store
 from workflows.models import ActivityMinute, Task, TaskReplay, TaskTransition
 from workflows.models.activity import RETRY_TRANSITIONS
 from workflows.observability.events import Event, emit
@@ -75,11 +75,7 @@ def activity_fold(*, since: datetime, until: datetime) -> int:
     while minute < until:
         marks.append(ActivityMinute(minute=minute, workflow=""))
         minute += MINUTE
-    with transaction.atomic():
-        ActivityMinute.objects.bulk_create(
-            rows + marks, update_conflicts=True, unique_fields=["minute", "workflow"],
-            update_fields=list(FIELDS))
-        ActivityMinute.objects.filter(minute__lt=until - KEEP).delete()
+    store().activity_write(rows + marks, fields=list(FIELDS), drop_before=until - KEEP)
     return len(rows) + len(marks)
 
 

@@ -62,6 +62,7 @@ from workflows.engine.store.rows import StepRow
 from workflows.engine.store.schedules import ScheduleStore
 from workflows.engine.store.signals import SignalStore
 from workflows.models import (
+    ActivityMinute,
     StepCheckpoint,
     Task,
     TaskReplay,
@@ -730,6 +731,19 @@ class OrmStore:
         """The task's lease ran out a second ago (as after its worker's death)."""
         return Task.objects.filter(pk=task_id, lease_expires_at__isnull=False).update(
             lease_expires_at=self._later(-timedelta(seconds=1)))
+
+    # --- the activity rollup ----------------------------------------------------------------
+
+    def activity_write(self, rows: list[ActivityMinute], *, fields: list[str],
+                       drop_before: datetime) -> None:
+        """Upsert the folded minutes `rows` (their `fields` recounted; two
+        dispatchers folding one minute agree) and drop the minutes older than
+        `drop_before`, in one transaction (engine/activity.py)."""
+        with transaction.atomic():
+            ActivityMinute.objects.bulk_create(
+                rows, update_conflicts=True, unique_fields=["minute", "workflow"],
+                update_fields=fields)
+            ActivityMinute.objects.filter(minute__lt=drop_before).delete()
 
     # --- the replay log ---------------------------------------------------------------------
 
