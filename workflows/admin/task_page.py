@@ -7,6 +7,8 @@ endpoint renders the same parts again (workflows/admin/live.py). Reads only.
 - "now": for unfinished tasks, what the task is doing or waiting for — the
   running step with its elapsed time, last heartbeat, saved progress and
   "step k of n", or the backoff / wait for a worker;
+- failures: every failed attempt its steps keep (engine/failures.py), with
+  its exception type, message and bounded traceback, newest first;
 - history: every transition, with how long each attempt waited before it;
 - replays: when duplicate triggers were absorbed;
 - webhooks: its completion deliveries, attempt by attempt (only for a task
@@ -157,6 +159,36 @@ def now_panel(task, steps: list[StepView], plan: list | None, phases: list) -> N
                     n=len(plan or []))
 
 
+@dataclasses.dataclass(frozen=True)
+class FailureView:
+    attempt: int
+    step: str
+    at: datetime | None
+    type: str
+    message: str
+    traceback: str
+
+
+def failure_views(checkpoints: list) -> list[FailureView]:
+    """The steps' failed attempts, newest first (a log entry is engine data:
+    a missing key reads as empty, never as an error page)."""
+    views = []
+    for cp in checkpoints:
+        for f in cp.failures or []:
+            if not isinstance(f, dict):
+                continue
+            try:
+                at = datetime.fromisoformat(f.get("at") or "")
+            except (TypeError, ValueError):
+                at = None
+            attempt = f.get("attempt")
+            views.append(FailureView(attempt if isinstance(attempt, int) else 0, cp.name, at,
+                                     str(f.get("type") or ""), str(f.get("message") or ""),
+                                     str(f.get("traceback") or "")))
+    views.sort(key=lambda v: (v.attempt, v.at.timestamp() if v.at else 0), reverse=True)
+    return views
+
+
 def task_page(task, *, now: datetime) -> dict:
     """The task page's live part, as a template context: three queries (history,
     checkpoints, replays), a fourth for its webhooks when it has an endpoint,
@@ -176,6 +208,7 @@ def task_page(task, *, now: datetime) -> dict:
         "now": now,
         "steps": steps,
         "plan_error": plan_error,
+        "failures": failure_views(checkpoints),
         "panel": now_panel(task, steps, plan, phases),
         "history": history,
         "replays": replays,
