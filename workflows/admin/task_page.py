@@ -25,8 +25,9 @@ from workflows.admin.deliveries import delivery_views
 from workflows.admin.phases import WAITING, task_phases, waits_before
 from workflows.admin.pictures.timeline import task_timeline
 from workflows.admin.text import duration_text
+from workflows.admin.workers import live_workers
 from workflows.conf import pilot_settings
-from workflows.engine import CANCELLED_WHILE_RUNNING
+from workflows.engine import CANCELLED_WHILE_RUNNING, Why, why_not_running
 from workflows.models import StepCheckpoint, TaskReplay, TaskTransition
 from workflows.registry import registry
 from workflows.rules.states import StepState, TaskState
@@ -78,6 +79,7 @@ class NowPanel:
     worker: str = ""
     progress_text: str = ""
     due_at: datetime | None = None
+    why: Why | None = None        # waiting for a worker: why none has taken it (engine/why.py)
 
 
 def task_plan(task) -> tuple[list | None, str]:
@@ -128,7 +130,8 @@ def _progress_text(progress) -> str:
     return text if len(text) <= PROGRESS_CHARS else text[:PROGRESS_CHARS - 1] + "…"
 
 
-def now_panel(task, steps: list[StepView], plan: list | None, phases: list) -> NowPanel | None:
+def now_panel(task, steps: list[StepView], plan: list | None, phases: list, *,
+              now: datetime) -> NowPanel | None:
     """What an unfinished task is doing right now; None once it has finished."""
     if task.is_finished:
         return None
@@ -153,8 +156,10 @@ def now_panel(task, steps: list[StepView], plan: list | None, phases: list) -> N
         return NowPanel(kind="parked", since=current.start, n=len(plan or []),
                         remaining=[s.name for s in steps if s.state != StepState.SUCCEEDED])
     if current.kind == WAITING:
+        why = why_not_running([task], now=now, workers=live_workers).get(task.pk)
         return NowPanel(kind="waiting", since=current.start, n=len(plan or []),
-                        remaining=[s.name for s in steps if s.state != StepState.SUCCEEDED])
+                        remaining=[s.name for s in steps if s.state != StepState.SUCCEEDED],
+                        why=why, due_at=why.until if why else None)
     return NowPanel(kind="backoff", since=current.start, due_at=task.next_attempt_at,
                     n=len(plan or []))
 
@@ -209,7 +214,7 @@ def task_page(task, *, now: datetime) -> dict:
         "steps": steps,
         "plan_error": plan_error,
         "failures": failure_views(checkpoints),
-        "panel": now_panel(task, steps, plan, phases),
+        "panel": now_panel(task, steps, plan, phases, now=now),
         "history": history,
         "replays": replays,
         "deliveries": delivery_views(task, now),
