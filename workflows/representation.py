@@ -24,10 +24,16 @@ def _when(value: datetime | None) -> str | None:
     return text[:-6] + "Z" if text.endswith("+00:00") else text  # as DRF writes it
 
 
-def step_data(step) -> dict:
-    return {"index": step.index, "name": step.name, "state": step.state,
+def step_data(step, *, failures: bool = True) -> dict:
+    """One step; with `failures`, its failed attempts' log (engine/failures.py)
+    — the API has it, a webhook body does not (tracebacks would make every
+    delivery of a flaky task kilobytes longer)."""
+    data = {"index": step.index, "name": step.name, "state": step.state,
             "attempts": step.attempts, "output": step.output, "error": step.error,
             "started_at": _when(step.started_at), "finished_at": _when(step.finished_at)}
+    if failures:
+        data["failures"] = step.failures or []
+    return data
 
 
 def delivery_data(delivery) -> dict:
@@ -86,7 +92,7 @@ def _waiting_for(task) -> dict | None:
     return {k: shown[k] for k in ("kind", "name", "until") if shown.get(k) is not None}
 
 
-def _core(task, steps) -> dict:
+def _core(task, steps, *, failures: bool = True) -> dict:
     return {
         "id": str(task.pk), "idempotency_key": task.idempotency_key, "workflow": task.workflow,
         "state": task.state, "payload": task.payload, "result": task.result,
@@ -99,14 +105,15 @@ def _core(task, steps) -> dict:
         "children_count": task.children_count,
         "trace_id": task.trace_id, "created_at": _when(task.created_at),
         "started_at": _when(task.started_at), "finished_at": _when(task.finished_at),
-        "expires_at": _when(task.expires_at), "steps": [step_data(s) for s in steps],
+        "expires_at": _when(task.expires_at),
+        "steps": [step_data(s, failures=failures) for s in steps],
     }
 
 
 def webhook_body(task, steps) -> bytes:
     """A completion webhook's body: the task representation without
     `deliveries` (which would describe the delivery itself, mid-flight) and
-    `signals` (each wait step's output holds the one it consumed), as compact
-    JSON bytes."""
-    data = {**_core(task, steps), "callback_url": task.callback_url or None}
+    `signals` (each wait step's output holds the one it consumed) and the
+    steps' `failures` (their tracebacks), as compact JSON bytes."""
+    data = {**_core(task, steps, failures=False), "callback_url": task.callback_url or None}
     return json.dumps(data, separators=(",", ":")).encode("ascii")

@@ -10,7 +10,10 @@ against a live server (PostgreSQL), with a real `qcluster` and
   chunks, with audit rows and Django admin log entries in Recent actions;
 - long values never widen the page (1280 px and 390 px), every list column
   shows at 1440 px, the confirm page keeps its key columns on a phone, the
-  charts follow dark mode, and no request of any page 404s (the favicon).
+  charts follow dark mode, and no request of any page 404s (the favicon);
+- with the fair-share cap at 1, a task held by its client's cap says so on
+  its page, in the list and on Workers & queue, and a failed task lists each
+  attempt with its traceback.
 
 Screenshots go to test-artifacts/; with PILOT_UPDATE_SCREENSHOTS=1 the ones
 the README and docs/console.md show are also written to docs/screenshots/.
@@ -74,6 +77,19 @@ def fleet(settings):
     fleet.stop_all()
     # A killed process's server session ends a moment after it; wait for that so
     # the test database can be dropped when this test runs last.
+    wait_until(lambda: other_sessions() == 0, 10, what="worker sessions to close")
+
+
+@pytest.fixture
+def capped_fleet(settings):
+    """`fleet` with the fair-share cap at 1 (the web process reads it too)."""
+    settings.PILOT_LEASE_SECONDS = 3
+    settings.PILOT_MAX_RUNNING_PER_CLIENT = 1
+    fleet = Fleet(PILOT_MAX_RUNNING_PER_CLIENT="1")
+    fleet.dispatcher()
+    fleet.workers()
+    yield fleet
+    fleet.stop_all()
     wait_until(lambda: other_sessions() == 0, 10, what="worker sessions to close")
 
 
@@ -502,4 +518,53 @@ def test_a_parent_shows_its_children_and_the_workflows_page_its_versions(
         assert str(waiting.pk)[:8] in page.locator("#result_list").inner_text()
     finally:
         registry.unregister("demo.versioned", 2)
+    assert page.failures == []
+
+
+def test_a_task_held_by_its_clients_cap_says_so_and_a_failure_shows_each_attempt(
+        live_server, capped_fleet, signed_in, operator_user, django_user_model):
+    """PILOT_MAX_RUNNING_PER_CLIENT=1 and two workers: while the operator's
+    demo.slow runs, their demo.echo waits beside an idle worker, and its Now,
+    the list's "why not running" and Workers & queue's client shares say it is
+    the client's cap. Another client's demo.flaky fails for good on the free
+    worker: its page lists each attempt with its traceback."""
+    page = signed_in
+    slow = task_trigger(owner=operator_user, key=f"slow-{uuid.uuid4().hex[:8]}",
+                        workflow="demo.slow", payload={"steps": 4, "seconds": 3}).task
+    wait_until(lambda: Task.objects.get(pk=slow.pk).state == S.RUNNING, 30,
+               what="the slow task to start")
+    held = task_trigger(owner=operator_user, key=f"held-{uuid.uuid4().hex[:8]}",
+                        workflow="demo.echo", payload={"msg": "after the slow one"}).task
+    page.goto(f"{live_server.url}/admin/workflows/task/{held.pk}/change/")
+    why = page.locator('#pilot-why[data-why="client_cap"]')
+    why.wait_for()
+    text = why.inner_text()
+    assert "op-browser is at its cap" in text and "1 of 1" in text
+    assert "PILOT_MAX_RUNNING_PER_CLIENT=1" in text
+    shot(page, "task-why-cap", docs=True)
+    page.goto(f"{live_server.url}/admin/workflows/task/?owner={operator_user.pk}")
+    cell = page.locator(f'tr:has(a[href*="{held.pk}"]) [data-why="client_cap"]')
+    assert "at its client's cap: 1 of 1 running" in cell.inner_text()
+    page.goto(f"{live_server.url}/admin/workflows/task/workers/")
+    share = page.locator('#pilot-shares-table tr[data-client="op-browser"]')
+    assert share.get_attribute("data-at-cap") == "true" and "1 / 1" in share.inner_text()
+    assert page.locator('[data-worker-state="idle"]').count() >= 1  # idle, on purpose
+
+    other = django_user_model.objects.create_user("acme-billing")
+    flaky = task_trigger(owner=other, key=f"flaky-{uuid.uuid4().hex[:8]}",
+                         workflow="demo.flaky", payload={"fail_times": 9}).task
+    wait_until(lambda: Task.objects.get(pk=flaky.pk).state == S.FAILED, 90,
+               what="the flaky task to run out of attempts")
+    wait_until(lambda: Task.objects.get(pk=held.pk).state == S.SUCCEEDED, 60,
+               what="the held task to run once the slow one ended")
+    page.goto(f"{live_server.url}/admin/workflows/task/{flaky.pk}/change/")
+    failures = page.locator("#pilot-failures")
+    rows = failures.locator("tr[data-failure-attempt]")
+    assert [rows.nth(i).get_attribute("data-failure-attempt")
+            for i in range(rows.count())] == ["5", "4", "3", "2", "1"]
+    newest = failures.locator("details.pilot-traceback[open] pre").first
+    assert "Traceback (most recent call last)" in newest.inner_text()
+    assert "flaky failure on attempt 5" in newest.inner_text()
+    page.locator("#pilot-failures").scroll_into_view_if_needed()
+    shot(page, "task-failed-attempts", docs=True)
     assert page.failures == []

@@ -162,3 +162,46 @@ def test_the_workflow_links_to_its_page_and_its_other_tasks(operator_client, own
     html = operator_client.get(task_url(task)).content.decode()
     assert 'href="/admin/workflows/task/workflows/#workflow-demosaga"' in html
     assert 'href="/admin/workflows/task/?workflow=demo.saga">its tasks</a>' in html
+
+
+def test_each_failed_attempt_shows_its_exception_and_traceback(operator_client, owner,
+                                                               temp_workflow):
+    """A flaky step that fails twice then for good: three attempts, each with
+    its type, message and traceback, newest first and credentials masked."""
+    from workflows.rules.errors import NonRetryableError, RetryableError
+
+    wf = temp_workflow("t.flaky_charge", max_attempts=3)
+
+    def charge(ctx):
+        if ctx.attempt < 3:
+            raise RetryableError(f"gateway timeout on attempt {ctx.attempt}")
+        raise NonRetryableError("card declined at https://pay:s3cret@gw.example/charge")
+
+    wf.step(charge, name="charge")
+    task = task_trigger(owner=owner, key="flaky", workflow="t.flaky_charge", payload={}).task
+    for _ in range(3):
+        Task.objects.filter(pk=task.pk).update(next_attempt_at=None)  # the backoff, skipped
+        task_run(task_id=str(task.pk))
+    assert Task.objects.get(pk=task.pk).state == S.FAILED
+    html = operator_client.get(task_url(task)).content.decode()
+    section = html.split('id="pilot-failures"')[1].split("</table>")[0]
+    assert re.findall(r'data-failure-attempt="(\d+)" data-failure-step="(\w+)"', section) == [
+        ("3", "charge"), ("2", "charge"), ("1", "charge")]
+    assert "<code>NonRetryableError</code>: card declined" in section
+    assert "gateway timeout on attempt 1" in section
+    assert section.count("Traceback (most recent call last)") == 3
+    assert "in charge" in section  # the step's own frame
+    assert "s3cret" not in html and "pay:********@gw.example" in section
+    # The steps table still reads as before; the failures sit before the error box.
+    assert section_order(html, 'id="steps-group"', 'id="pilot-failures"',
+                         'id="pilot-error"') == sorted(section_order(
+                             html, 'id="steps-group"', 'id="pilot-failures"', 'id="pilot-error"'))
+
+
+def test_a_malformed_failure_entry_reads_as_empty_not_a_500(operator_client, owner):
+    task = make_task(owner, state=S.FAILED)
+    StepCheckpoint.objects.create(task=task, index=0, name="echo", state="failed",
+                                  failures=[{"attempt": "x"}, {"at": "not a time"}])
+    r = operator_client.get(task_url(task))
+    assert r.status_code == 200
+    assert r.content.decode().count("data-failure-attempt=") == 2

@@ -32,3 +32,17 @@ def test_the_fast_representation_matches_the_serializer_in_every_shape(owner):
     for task in Task.objects.filter(pk__in=ran):
         assert task.steps.exists()
         same(task)
+
+
+def test_a_webhook_body_leaves_the_steps_failures_out(owner):
+    from workflows.models import StepCheckpoint
+    from workflows.representation import webhook_body
+
+    task = make_task(owner, state=S.FAILED)
+    StepCheckpoint.objects.create(task=task, index=0, name="charge", state="failed",
+                                  failures=[{"attempt": 1, "type": "ValueError",
+                                             "message": "m", "traceback": "T" * 8000}])
+    steps = list(StepCheckpoint.objects.filter(task_id=task.pk))
+    assert task_data(task, steps=steps)["steps"][0]["failures"][0]["type"] == "ValueError"
+    body = json.loads(webhook_body(task, steps))
+    assert "failures" not in body["steps"][0] and "TTTT" not in json.dumps(body)

@@ -146,3 +146,30 @@ def test_a_parents_children_are_listed_with_parent_and_the_parent_counts_them(ap
     bad = api.get("/api/v1/tasks?parent=nope")
     assert bad.status_code == 400 and bad.json()["code"] == "validation_error"
     assert api.get(f"/api/v1/tasks?parent={uuid.uuid4()}").json()["results"] == []
+
+
+def test_each_step_lists_its_failed_attempts_with_their_tracebacks(api):
+    from workflows.models import StepCheckpoint
+
+    task = make_task(api.user, state=S.FAILED)
+    log = [{"attempt": n, "at": "2026-01-02T03:04:05+00:00", "type": "ValueError",
+            "message": f"no such merchant (attempt {n})",
+            "traceback": f"Traceback (most recent call last):\nValueError: attempt {n}\n"}
+           for n in (1, 2)]
+    StepCheckpoint.objects.create(task=task, index=0, name="charge", state="failed",
+                                  attempts=2, error="ValueError: no such merchant",
+                                  failures=log)
+    StepCheckpoint.objects.create(task=task, index=1, name="ship", state="pending",
+                                  failures=None)  # as the raw upsert leaves a fresh row
+    steps = api.get(f"/api/v1/tasks/{task.pk}").json()["steps"]
+    assert steps[0]["failures"] == log
+    assert steps[1]["failures"] == []
+
+
+def test_the_schema_documents_a_steps_failures(api):
+    import yaml
+
+    schema = yaml.safe_load(api.get("/api/v1/schema").content)["components"]["schemas"]
+    assert "failures" in schema["Step"]["properties"]
+    assert set(schema["StepFailure"]["properties"]) == {"attempt", "at", "type", "message",
+                                                        "traceback"}

@@ -77,7 +77,7 @@ def exported(transactional_db, settings) -> set[str]:
 
 def test_the_alert_rules_cover_what_an_operator_must_be_woken_for():
     by_name = {rule["alert"]: rule for rule in rules()}
-    assert {"PilotDispatcherDown", "PilotBacklogOld", "PilotFailureRateHigh",
+    assert {"PilotDispatcherDown", "PilotBacklogOld", "PilotBacklogAtCap", "PilotFailureRateHigh",
             "PilotLeaseRecoveries"} <= set(by_name)
     for rule in by_name.values():
         assert rule["labels"]["severity"] in ("warning", "critical")
@@ -110,7 +110,7 @@ def test_every_metric_named_is_one_pilot_exports(exported):
         named |= metric_names(expr)
     assert named - exported == set()
     assert {"pilot_dispatcher_last_pass_age_seconds", "pilot_backlog_tasks",
-            "pilot_oldest_pending_age_seconds"} <= exported
+            "pilot_oldest_pending_age_seconds", "pilot_clients_at_cap"} <= exported
 
 
 def test_promtool_loads_the_rules_runs_their_tests_and_parses_the_dashboard(tmp_path):

@@ -77,6 +77,9 @@ def test_demo_flaky_succeeds_after_its_failures_with_backoff(start):
                              "succeed"]
     cp = StepCheckpoint.objects.get(task_id=task.pk)
     assert (cp.state, cp.attempts, cp.error) == ("succeeded", 3, "")
+    # The success keeps the log of the attempts that failed before it.
+    assert [(f["attempt"], f["type"]) for f in cp.failures] == [(1, "RetryableError"),
+                                                                (2, "RetryableError")]
 
 
 def test_demo_flaky_fails_when_attempts_run_out(start):
@@ -87,6 +90,12 @@ def test_demo_flaky_fails_when_attempts_run_out(start):
     assert task.error_type == "RetryableError"
     assert "attempts exhausted (5)" in task.error and "attempt 5" in task.error
     assert history(task)[-1] == "fail"
+    cp = StepCheckpoint.objects.get(task_id=task.pk)
+    assert [f["attempt"] for f in cp.failures] == [1, 2, 3, 4, 5]
+    last = cp.failures[-1]
+    assert last["type"] == "RetryableError" and "attempt 5" in last["message"]
+    assert last["traceback"].startswith("Traceback (most recent call last)")
+    assert "demo/workflows.py" in last["traceback"]  # the frame of the step that raised
 
 
 def test_demo_slow_runs_exactly_the_requested_steps(start):

@@ -43,7 +43,7 @@ def dashboard_context(now) -> dict:
         "buckets": buckets,
         "series": SERIES,
         "totals": totals,
-        "work": work_status(now),
+        "work": work_status(now, shares=False),
         "past_lease": stats.tasks_past_lease(now),
         "oldest_pending": stats.tasks_oldest_pending(),
         "waiting_for_a_person": stats.tasks_waiting_for_a_person(),

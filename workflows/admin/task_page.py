@@ -7,6 +7,8 @@ endpoint renders the same parts again (workflows/admin/live.py). Reads only.
 - "now": for unfinished tasks, what the task is doing or waiting for — the
   running step with its elapsed time, last heartbeat, saved progress and
   "step k of n", or the backoff / wait for a worker;
+- failures: every failed attempt its steps keep (engine/failures.py), with
+  its exception type, message and bounded traceback, newest first;
 - history: every transition, with how long each attempt waited before it;
 - replays: when duplicate triggers were absorbed;
 - webhooks: its completion deliveries, attempt by attempt (only for a task
@@ -23,8 +25,9 @@ from workflows.admin.deliveries import delivery_views
 from workflows.admin.phases import WAITING, task_phases, waits_before
 from workflows.admin.pictures.timeline import task_timeline
 from workflows.admin.text import duration_text
+from workflows.admin.workers import live_workers
 from workflows.conf import pilot_settings
-from workflows.engine import CANCELLED_WHILE_RUNNING
+from workflows.engine import CANCELLED_WHILE_RUNNING, Why, why_not_running
 from workflows.models import StepCheckpoint, TaskReplay, TaskTransition
 from workflows.registry import registry
 from workflows.rules.states import StepState, TaskState
@@ -76,6 +79,7 @@ class NowPanel:
     worker: str = ""
     progress_text: str = ""
     due_at: datetime | None = None
+    why: Why | None = None        # waiting for a worker: why none has taken it (engine/why.py)
 
 
 def task_plan(task) -> tuple[list | None, str]:
@@ -126,7 +130,8 @@ def _progress_text(progress) -> str:
     return text if len(text) <= PROGRESS_CHARS else text[:PROGRESS_CHARS - 1] + "…"
 
 
-def now_panel(task, steps: list[StepView], plan: list | None, phases: list) -> NowPanel | None:
+def now_panel(task, steps: list[StepView], plan: list | None, phases: list, *,
+              now: datetime) -> NowPanel | None:
     """What an unfinished task is doing right now; None once it has finished."""
     if task.is_finished:
         return None
@@ -151,10 +156,42 @@ def now_panel(task, steps: list[StepView], plan: list | None, phases: list) -> N
         return NowPanel(kind="parked", since=current.start, n=len(plan or []),
                         remaining=[s.name for s in steps if s.state != StepState.SUCCEEDED])
     if current.kind == WAITING:
+        why = why_not_running([task], now=now, workers=live_workers).get(task.pk)
         return NowPanel(kind="waiting", since=current.start, n=len(plan or []),
-                        remaining=[s.name for s in steps if s.state != StepState.SUCCEEDED])
+                        remaining=[s.name for s in steps if s.state != StepState.SUCCEEDED],
+                        why=why, due_at=why.until if why else None)
     return NowPanel(kind="backoff", since=current.start, due_at=task.next_attempt_at,
                     n=len(plan or []))
+
+
+@dataclasses.dataclass(frozen=True)
+class FailureView:
+    attempt: int
+    step: str
+    at: datetime | None
+    type: str
+    message: str
+    traceback: str
+
+
+def failure_views(checkpoints: list) -> list[FailureView]:
+    """The steps' failed attempts, newest first (a log entry is engine data:
+    a missing key reads as empty, never as an error page)."""
+    views = []
+    for cp in checkpoints:
+        for f in cp.failures or []:
+            if not isinstance(f, dict):
+                continue
+            try:
+                at = datetime.fromisoformat(f.get("at") or "")
+            except (TypeError, ValueError):
+                at = None
+            attempt = f.get("attempt")
+            views.append(FailureView(attempt if isinstance(attempt, int) else 0, cp.name, at,
+                                     str(f.get("type") or ""), str(f.get("message") or ""),
+                                     str(f.get("traceback") or "")))
+    views.sort(key=lambda v: (v.attempt, v.at.timestamp() if v.at else 0), reverse=True)
+    return views
 
 
 def task_page(task, *, now: datetime) -> dict:
@@ -176,7 +213,8 @@ def task_page(task, *, now: datetime) -> dict:
         "now": now,
         "steps": steps,
         "plan_error": plan_error,
-        "panel": now_panel(task, steps, plan, phases),
+        "failures": failure_views(checkpoints),
+        "panel": now_panel(task, steps, plan, phases, now=now),
         "history": history,
         "replays": replays,
         "deliveries": delivery_views(task, now),

@@ -67,6 +67,8 @@ from workflows.admin.text import (
     timestamp,
     timestamp_field,
 )
+from workflows.admin.workers import live_workers
+from workflows.engine import why_not_running
 from workflows.models import StepCheckpoint, Task, TaskTransition
 from workflows.rules.states import LEASED_STATES, StepState, TaskState
 from workflows.selectors import can_view_all, tasks_visible_to
@@ -101,6 +103,16 @@ class TaskChangeList(ChangeList):
         return lookup
 
     def get_results(self, request):
+        self._get_results(request)
+        # Why each waiting row is not running: one snapshot of the caps for the
+        # page (and the workers' status records only if a row is due), never a
+        # query per row (engine/why.py).
+        rows = list(self.result_list)
+        answers = why_not_running(rows, now=_now(rows[0]), workers=live_workers) if rows else {}
+        for task in rows:
+            task.pilot_why = answers.get(task.pk)
+
+    def _get_results(self, request):
         """Django's results, then — in the default order, newest first — the
         page after `?before=` by keyset instead of OFFSET (workflows.admin.paging),
         with the links to the newest and the next older page."""
@@ -126,7 +138,8 @@ class TaskChangeList(ChangeList):
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
     list_display = ["short_id", "state_badge", "workflow_link", "key_short", "owner",
-                    "attempts_of_max", "replays", "age", "duration", "step_or_error"]
+                    "attempts_of_max", "replays", "age", "duration", "step_or_error",
+                    "why_not_running"]
     list_display_links = ["short_id"]
     list_filter = ["state", WaitingForFilter, WorkflowFilter, VersionFilter, ParentFilter,
                    OwnerFilter,
@@ -242,6 +255,17 @@ class TaskAdmin(admin.ModelAdmin):
             return format_html('<span class="pilot-error-head" title="{}">{}</span>', head,
                                shown)
         return ""
+
+    @admin.display(description="why not running")
+    def why_not_running(self, obj):
+        """Why a task that waits is not running: a wait, a delayed start, a
+        backoff, a cap (with its count), no live worker — or queued."""
+        why = getattr(obj, "pilot_why", None)
+        if why is None:
+            return ""
+        until = f" — due {timestamp(why.until, ms=False)}" if why.until else ""
+        return format_html('<span class="pilot-why pilot-why-{}" data-why="{}">{}{}</span>',
+                           why.kind, why.kind, why.text, until)
 
     # --- the task page's fields (below its live part) ------------------------------------
 

@@ -21,12 +21,14 @@ import dataclasses
 import logging
 from datetime import datetime
 
+from django.contrib.auth import get_user_model
 from django.core.cache import caches
-from django.db.models import Count, Min, OuterRef, Q, Subquery
+from django.db.models import Count, F, Min, OuterRef, Q, Subquery
 from django_q.conf import Conf
 from django_q.signing import BadSignature, SignedPackage
 
-from workflows.engine import broker, uses_orm_broker
+from workflows.conf import pilot_settings
+from workflows.engine import broker, client_shares, uses_orm_broker
 from workflows.models import StepCheckpoint, Task
 from workflows.observability.events import Event, emit
 from workflows.rules.states import LEASED_STATES, StepState, TaskState
@@ -80,6 +82,24 @@ class QueueState:
     error: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class ClientShare:
+    """One client's share of the workers (engine/caps.py): `held` of `cap`
+    (0: no cap) in its cap group — the client-wide one (`workflow` "") or a
+    workflow's own `max_running` — and its due tasks waiting for a slot."""
+
+    client: str
+    owner_id: object
+    workflow: str
+    held: int
+    cap: int
+    waiting: int
+
+    @property
+    def at_cap(self) -> bool:
+        return bool(self.cap) and self.held >= self.cap
+
+
 @dataclasses.dataclass
 class WorkStatus:
     clusters: list[ClusterRow]
@@ -91,6 +111,8 @@ class WorkStatus:
     running: list          # Task rows running or cancelling, with .current_step
     orphans: list          # running tasks whose lease owner no live cluster reports
     stats_error: str = ""
+    shares: list = dataclasses.field(default_factory=list)  # ClientShare, most held first
+    client_cap: int = 0    # PILOT_MAX_RUNNING_PER_CLIENT (0: none)
 
     @property
     def workers_total(self) -> int:
@@ -129,6 +151,13 @@ def cluster_stats() -> tuple[list, str]:
         except Exception:  # noqa: BLE001,S112 - written by another django-q2 version
             continue
     return stats, ""
+
+
+def live_workers() -> int | None:
+    """How many workers the live clusters report; None when their status
+    cannot be read (then nobody can say "no worker")."""
+    stats, error = cluster_stats()
+    return None if error else sum(len(stat.workers) for stat in stats)
 
 
 def _oldest_started(packages) -> datetime | None:
@@ -187,8 +216,28 @@ def _running_tasks() -> list:
     return tasks
 
 
-def work_status(now: datetime) -> WorkStatus:
-    """Everything the panel shows, in a handful of queries whatever the load."""
+def client_share_rows(now: datetime) -> list[ClientShare]:
+    """Each client holding workers: held / cap (the engine's own count,
+    engine/why.py `client_shares`) and its due tasks waiting; three queries."""
+    shares = client_shares()
+    if not shares:
+        return []
+    ids = {owner_id for owner_id, *_ in shares}
+    users = get_user_model()
+    names = dict(users.objects.filter(pk__in=ids).values_list("pk", users.USERNAME_FIELD))
+    due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
+    waiting = dict(Task.objects.filter(due, owner_id__in=ids,
+                                       state__in=[TaskState.PENDING, TaskState.RETRYING],
+                                       attempts__lt=F("max_attempts"))
+                   .values("owner_id").annotate(n=Count("pk")).values_list("owner_id", "n"))
+    return [ClientShare(str(names.get(owner_id, owner_id)), owner_id, group, held, cap,
+                        waiting.get(owner_id, 0) if not group else 0)
+            for owner_id, group, held, cap in shares]
+
+
+def work_status(now: datetime, *, shares: bool = True) -> WorkStatus:
+    """Everything the panel shows, in a handful of queries whatever the load;
+    without `shares` (the dashboard) the client shares are not read."""
     stats, stats_error = cluster_stats()
     running = _running_tasks()
     by_owner: dict[str, list] = {}
@@ -216,4 +265,6 @@ def work_status(now: datetime) -> WorkStatus:
     return WorkStatus(clusters=clusters, queue=queue_state(now), pending=waiting["pending"],
                       oldest_pending_at=waiting["oldest"], due_retries=waiting["due"],
                       in_backoff=waiting["backoff"], running=running, orphans=orphans,
-                      stats_error=stats_error)
+                      stats_error=stats_error,
+                      shares=client_share_rows(now) if shares else [],
+                      client_cap=int(pilot_settings.PILOT_MAX_RUNNING_PER_CLIENT))

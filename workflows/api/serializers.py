@@ -97,14 +97,32 @@ class KeyField(StringField):
 
 # --- out --------------------------------------------------------------------------------
 
+class StepFailureSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField(
+        help_text="The task's attempt that failed (1 for the first).")
+    at = serializers.DateTimeField()
+    type = serializers.CharField(help_text="The exception's class name.")
+    message = serializers.CharField(allow_blank=True, help_text="The exception's message.")
+    traceback = serializers.CharField(allow_blank=True, help_text=(
+        "Its last 30 frames, at most 8 KB, with URL credentials masked."))
+
+
 class StepSerializer(serializers.ModelSerializer):
     output = serializers.JSONField(allow_null=True)
+    failures = StepFailureSerializer(many=True, help_text=(
+        "The step's failed attempts, oldest first (the last 10)."))
 
     class Meta:
         model = StepCheckpoint
-        fields = ["index", "name", "state", "attempts", "output", "error", "started_at",
-                  "finished_at"]
+        fields = ["index", "name", "state", "attempts", "output", "error", "failures",
+                  "started_at", "finished_at"]
         read_only_fields = fields
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        if data["failures"] is None:  # a row the raw upsert made before any failure
+            data["failures"] = []
+        return data
 
 
 class AttemptSerializer(serializers.Serializer):

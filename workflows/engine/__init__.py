@@ -66,6 +66,7 @@ from workflows.engine.triggers import (
     task_trigger,
     task_trigger_many,
 )
+from workflows.engine.why import Why, client_shares, why_not_running
 
 __all__ = [
     "CANCELLED_WHILE_RUNNING",
@@ -83,8 +84,10 @@ __all__ = [
     "StepContext",
     "TriggerOutcome",
     "TriggerRequest",
+    "Why",
     "broker",
     "cancel_plan",
+    "client_shares",
     "database_now",
     "delivery_resend",
     "delivery_send",
@@ -114,5 +117,6 @@ __all__ = [
     "tasks_cleanup",
     "transition_permission",
     "uses_orm_broker",
+    "why_not_running",
     "worker_id",
 ]

@@ -39,6 +39,7 @@ that finish a run also take the next claimable task straight from the table.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Iterable
@@ -90,6 +91,17 @@ def cap_of(group: str, limits: dict[str, Any]) -> int:
     return int(limits["client"] if group == DEFAULT_GROUP else limits["own"][group])
 
 
+@dataclasses.dataclass(frozen=True)
+class HeldBack:
+    """The cap a task waits behind: `kind` "client" (PILOT_MAX_RUNNING_PER_CLIENT),
+    "own" (its workflow's max_running, per client) or "total" (its workflow's
+    concurrency, over every client); `held` of `cap` are taken."""
+
+    kind: str
+    cap: int
+    held: int
+
+
 class Slots:
     """The free slots as a snapshot: for each client's group and each workflow,
     the tasks held (module docstring), and for each client's group the undo
@@ -138,17 +150,36 @@ class Slots:
     def _count(self, key: tuple[Any, str], undo: bool) -> int:
         return self.by_group[key] + (0 if undo else self.undo_by_group[key])
 
+    def refusal(self, owner_id: Any, workflow: str, *, undo: bool = False) -> HeldBack | None:
+        """Why a task of `workflow` of this client may not start now (a new
+        run, or with `undo` the take-over of a compensation phase): the cap it
+        is at; None when it may. `free` is this, and the console says it."""
+        if self.limits is None:
+            return None
+        group = group_of(workflow, self.limits)
+        cap = cap_of(group, self.limits)
+        held = self._count((owner_id, group), undo)
+        if cap and held >= cap:
+            return HeldBack("own" if group else "client", cap, held)
+        total = self.limits["total"].get(workflow)
+        if total and self.by_workflow[workflow] >= total:
+            return HeldBack("total", total, self.by_workflow[workflow])
+        return None
+
     def free(self, owner_id: Any, workflow: str, *, undo: bool = False) -> bool:
         """May a task of `workflow` of this client start now — a new run, or
         (`undo`) the take-over of a compensation phase?"""
+        return self.refusal(owner_id, workflow, undo=undo) is None
+
+    def usage(self) -> list[tuple[Any, str, int, int]]:
+        """(client, group, held, cap) of every client's group holding workers or
+        owing undo work, most held first: what Workers & queue shows."""
         if self.limits is None:
-            return True
-        group = group_of(workflow, self.limits)
-        cap = cap_of(group, self.limits)
-        if cap and self._count((owner_id, group), undo) >= cap:
-            return False
-        total = self.limits["total"].get(workflow)
-        return not (total and self.by_workflow[workflow] >= total)
+            return []
+        keys = set(self.by_group) | set(self.undo_by_group)
+        rows = [(owner_id, group, self._count((owner_id, group), False),
+                 cap_of(group, self.limits)) for owner_id, group in keys]
+        return sorted(rows, key=lambda r: (-r[2], str(r[0]), r[1]))
 
     def take(self, owner_id: Any, workflow: str, *, undo: bool = False) -> bool:
         """Reserve a slot if one is free (for choosing several at once)."""
@@ -195,5 +226,5 @@ def blocked_q(slots: Slots, *, undo: bool = False) -> Q:
     return blocked
 
 
-__all__ = ["DEFAULT_GROUP", "LOCK_CLIENT", "LOCK_WORKFLOW", "Slots", "blocked_q", "cap_of",
-           "caps", "caps_json", "group_of"]
+__all__ = ["DEFAULT_GROUP", "LOCK_CLIENT", "LOCK_WORKFLOW", "HeldBack", "Slots", "blocked_q",
+           "cap_of", "caps", "caps_json", "group_of"]

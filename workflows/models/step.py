@@ -36,6 +36,11 @@ class StepCheckpoint(models.Model):
     # compensation that kills its worker is capped at the workflow's max_attempts).
     compensation_attempts = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True, default="")
+    # The failed attempts of this step, oldest first, the last FAILURES_KEPT:
+    # [{"attempt", "at", "type", "message", "traceback"}], written with the
+    # failure itself (engine/failures.py). NULL on rows the raw upsert made
+    # before any failure: read it as [].
+    failures = models.JSONField(null=True, blank=True, default=list)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

@@ -188,7 +188,8 @@ class TaskStateCollector:
 
 
 class WorkCollector:
-    """`pilot_backlog_tasks`, `pilot_oldest_pending_age_seconds` (database) and
+    """`pilot_backlog_tasks`, `pilot_oldest_pending_age_seconds`,
+    `pilot_clients_at_cap` (database) and
     `pilot_dispatcher_last_pass_age_seconds` (shared cache); a read that fails
     leaves its gauge out of this scrape (pilot_database_up says why)."""
 
@@ -216,6 +217,12 @@ class WorkCollector:
                 "pilot_oldest_pending_age_seconds", "How long the task waiting longest for a "
                 "worker has waited (0 when none waits)",
                 value=max(0.0, now - oldest) if oldest is not None else 0.0)
+        at_cap = _clients_at_cap(ttl)
+        if at_cap is not None:
+            yield GaugeMetricFamily(
+                "pilot_clients_at_cap", "Clients (and workflows' own max_running shares) whose "
+                "tasks hold every worker their cap allows: their due tasks wait for their "
+                "share, not for a worker", value=at_cap)
         last = cache_soft("metrics read", lambda: cache.get(_DISPATCHER_KEY), None)
         if last is not None:
             yield GaugeMetricFamily(
@@ -225,6 +232,24 @@ class WorkCollector:
 
 
 _BACKLOG_KEY = "pilot:metrics:backlog"
+_AT_CAP_KEY = "pilot:metrics:clients_at_cap"
+
+
+def _clients_at_cap(ttl: float) -> int | None:
+    """How many (client, cap group) pairs are at their cap, as the claim counts
+    them (engine/caps.py, through engine/why.py); None when it cannot be read."""
+    from workflows.engine import client_shares
+
+    found = cache_soft("metrics read", lambda: cache.get(_AT_CAP_KEY), None) if ttl else None
+    if found is None:
+        try:
+            found = sum(1 for *_, held, cap in client_shares() if cap and held >= cap)
+        except DatabaseError as exc:
+            log.warning("pilot_clients_at_cap not available: %s", str(exc)[:200])
+            return None
+        if ttl:
+            cache_soft("metrics write", lambda: cache.set(_AT_CAP_KEY, found, ttl), None)
+    return found
 
 
 def multiprocess_dir() -> str | None:

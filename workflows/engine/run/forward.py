@@ -29,7 +29,7 @@ from collections.abc import Generator
 from datetime import timedelta
 from typing import Any
 
-from workflows.engine import faults
+from workflows.engine import failures, faults
 from workflows.engine.leases import lease_length
 from workflows.engine.plans import Plan, PlanUnavailable, owed_compensations
 from workflows.engine.run.held import Held, StepFailure
@@ -214,7 +214,10 @@ class Forward:
         held = self.held
         error, error_type = describe(exc)
         now = held.clock.now()
-        failed = step_rows.failed(index, step.name, error, now)
+        stored = self.plan.checkpoints.get(index)
+        failed = step_rows.failed(index, step.name, error, now, failures=failures.appended(
+            stored.failures if stored is not None else None,
+            failures.entry(exc, attempt=held.task.attempts, at=now)))
         workflow = self.plan.workflow
         retryable = workflow.is_retryable(exc) and not isinstance(exc, WorkflowChanged)
         if retryable and held.task.attempts < held.task.max_attempts:

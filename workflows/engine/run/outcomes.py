@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from workflows.debug import mask_url_credentials
 from workflows.engine.store import Claimed
 from workflows.registry import Step
 
@@ -90,5 +91,8 @@ Next = Ended | Compensate | CancelNoticed | Lost | WaitReached
 
 
 def describe(exc: BaseException) -> tuple[str, str]:
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    """("<Type>: <message>", "<Type>"), URL credentials masked as the failures'
+    log masks them (engine/failures.py): the error is shown and sent too."""
+    text = (f"{type(exc).__name__}: {mask_url_credentials(str(exc))}" if str(exc)
+            else type(exc).__name__)
     return text, type(exc).__name__

@@ -87,7 +87,7 @@ STEP_TABLE = StepCheckpoint._meta.db_table
 # (held_by): the runner asks within WRITE_PATIENCE_SECONDS of its claim.
 ADOPTABLE_SECONDS = 60
 STEP_COLUMNS = ("task_id", "index", "name", "state", "output", "attempts", "compensable",
-                "compensation_attempts", "error", "started_at", "finished_at")
+                "compensation_attempts", "error", "started_at", "finished_at", "failures")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +220,9 @@ UPSERT_SET = f"""
                  ELSE excluded.error END,
     started_at = COALESCE(excluded.started_at, {STEP_TABLE}.started_at),
     finished_at = CASE WHEN excluded.state = 'compensating' THEN {STEP_TABLE}.finished_at
-                       ELSE excluded.finished_at END
+                       ELSE excluded.finished_at END,
+    failures = CASE WHEN excluded.state = 'failed' AND excluded.failures IS NOT NULL
+                    THEN excluded.failures ELSE {STEP_TABLE}.failures END
 """
 UPSERT_GUARD = _guard_sql(STEP_TABLE)
 
@@ -472,7 +474,8 @@ class OrmStore:
                        None if r.output is None else json.dumps(r.output), r.attempts,
                        r.compensable, r.compensation_attempts, r.error,
                        ops.adapt_datetimefield_value(r.started_at),
-                       ops.adapt_datetimefield_value(r.finished_at)]
+                       ops.adapt_datetimefield_value(r.finished_at),
+                       None if r.failures is None else json.dumps(r.failures)]
         columns = ", ".join(f'"{c}"' for c in STEP_COLUMNS)
         values = ", ".join(["(" + ", ".join(["%s"] * len(STEP_COLUMNS)) + ")"] * len(rows))
         with connection.cursor() as cursor:

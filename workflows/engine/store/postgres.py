@@ -80,7 +80,8 @@ def _step_arrays(rows: list[StepRow]) -> dict[str, Any]:
          "attempts": r.attempts, "compensable": r.compensable,
          "compensation_attempts": r.compensation_attempts, "error": r.error,
          "started_at": r.started_at.isoformat() if r.started_at else None,
-         "finished_at": r.finished_at.isoformat() if r.finished_at else None}
+         "finished_at": r.finished_at.isoformat() if r.finished_at else None,
+         "failures": r.failures}
         for r in rows])}
 
 

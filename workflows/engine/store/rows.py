@@ -5,6 +5,9 @@ the store's upsert keeps everything else (docs/design.md, "Checkpoints"):
 
 - `output` and `compensable` are written with `succeeded` only;
 - `attempts` and `compensation_attempts` only ever grow (0 = keep);
+- `failures` (the failed attempts' log: type, message, bounded traceback)
+  is written with `failed` only, whole — the writer appends to what the
+  plan read — so a success, a retry or a compensation keeps it;
 - `started_at` is kept unless the row starts an attempt; `error` is kept by
   `compensating` and `compensated` (the forward error stays readable);
 - the move itself must be allowed by states.STEP_OVERWRITES, or the row is
@@ -39,6 +42,7 @@ class StepRow:
     error: str = ""
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    failures: list[dict[str, Any]] | None = None  # None: keep the stored log
 
 
 def started(index: int, name: str, attempts: int, now: datetime) -> StepRow:
@@ -50,8 +54,10 @@ def succeeded(index: int, name: str, output: Any, now: datetime, *, compensable:
                    finished_at=now)
 
 
-def failed(index: int, name: str, error: str, now: datetime) -> StepRow:
-    return StepRow(index, name, StepState.FAILED, error=error[:MAX_STEP_ERROR], finished_at=now)
+def failed(index: int, name: str, error: str, now: datetime, *,
+           failures: list[dict[str, Any]] | None = None) -> StepRow:
+    return StepRow(index, name, StepState.FAILED, error=error[:MAX_STEP_ERROR], finished_at=now,
+                   failures=failures)
 
 
 def compensation_started(index: int, name: str, attempt: int) -> StepRow:

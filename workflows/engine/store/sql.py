@@ -210,7 +210,7 @@ def step_rows(source: str) -> str:
            jsonb_to_recordset(%(steps)s::jsonb)
                AS v("index" int, name text, state text, output jsonb, attempts int,
                     compensable bool, compensation_attempts int, error text,
-                    started_at timestamptz, finished_at timestamptz)
+                    started_at timestamptz, finished_at timestamptz, failures jsonb)
 ), steps_updated AS (
     UPDATE workflows_stepcheckpoint SET {UPSERT_SET}
       FROM step_rows AS excluded
@@ -221,9 +221,10 @@ def step_rows(source: str) -> str:
 ), steps_inserted AS (
     INSERT INTO workflows_stepcheckpoint
            (task_id, "index", name, state, output, attempts, compensable,
-            compensation_attempts, error, started_at, finished_at)
+            compensation_attempts, error, started_at, finished_at, failures)
     SELECT n.task_id, n."index", n.name, n.state, n.output, n.attempts, n.compensable,
-           n.compensation_attempts, n.error, n.started_at, n.finished_at
+           n.compensation_attempts, n.error, n.started_at, n.finished_at,
+           COALESCE(n.failures, '[]'::jsonb)
       FROM step_rows AS n
      WHERE n."index" <> ALL (ARRAY(SELECT s."index" FROM workflows_stepcheckpoint AS s
                                    WHERE s.task_id = (SELECT id FROM {source})))
