@@ -63,8 +63,9 @@ def test_the_dashboard_costs_a_fixed_number_of_queries(operator_client, owner):
     # (1 or 2 reads of the database cache: the list of clusters, then their
     # records), the queue, running tasks, waiting tasks, past lease, oldest
     # pending, waiting for a person, top failing (the folded mark, failures since,
-    # the newest failed task of each workflow shown) — and nothing per task.
-    assert len(many) == len(few) <= 21, [q["sql"][:100] for q in many.captured_queries]
+    # the newest failed task of each workflow shown) — and nothing per task. 22
+    # with the second cache read (a cluster's record left by an earlier test).
+    assert len(many) == len(few) <= 22, [q["sql"][:100] for q in many.captured_queries]
 
 
 def test_the_dashboard_needs_view_all_tasks(django_user_model):
