@@ -86,6 +86,8 @@ def test_an_ending_is_delivered_once_signed_with_the_task_representation(owner, 
     body = Webhook(secret).verify(got.body, headers)
     expected = task_data(task, deliveries=[], signals=[])
     del expected["deliveries"], expected["signals"]
+    for step in expected["steps"]:
+        del step["failures"]  # a webhook carries no tracebacks
     assert body == expected and body["result"] == {"echo": {"n": 1}}
     assert headers["traceparent"] == task.traceparent != ""
     sent_at = int(headers["webhook-timestamp"])
