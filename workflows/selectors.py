@@ -12,7 +12,7 @@ from django.utils.dateparse import parse_datetime
 from workflows.models import Task
 from workflows.rules.errors import IdempotencyKeyInvalid, TaskNotFound, ValidationFailed
 from workflows.rules.keys import normalize_key
-from workflows.rules.states import TaskState
+from workflows.rules.states import FINISHED_STATES, TaskState
 
 LIST_FILTERS = ("state", "workflow", "idempotency_key", "created_after", "created_before",
                 "parent")
@@ -143,6 +143,20 @@ def task_wait_finished(task_id, *, timeout: float, interval: float = 0.2) -> Tas
         if task.is_finished or time.monotonic() >= deadline:
             return task
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+
+def children_of(parent_id, of_step: str | None = None):
+    """The children of `parent_id` (of its step `of_step` only, if given), in
+    the order they were started (pilot_task_parent_idx)."""
+    children = Task.objects.filter(parent_id=parent_id)
+    if of_step is not None:
+        children = children.filter(parent_step=of_step)
+    return children.order_by("parent_index")
+
+
+def open_children_of(parent_id, of_step: str | None = None):
+    """Those of them that have not ended (pilot_task_open_child_idx)."""
+    return children_of(parent_id, of_step).exclude(state__in=FINISHED_STATES)
 
 
 def children_by_state(parent_id) -> dict[str, int]:

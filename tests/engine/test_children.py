@@ -106,12 +106,12 @@ def test_cancelling_a_parent_cancels_its_children_that_have_not_ended(owner):
 
 
 def test_a_parents_settle_that_was_lost_is_done_by_the_dispatcher(owner, monkeypatch):
-    from workflows.engine import children
+    from workflows.engine import announce
 
     parent = trigger(owner, "demo.fanout", {"children": 2})
     run_task(pop_queued()[0])
     lost = []
-    monkeypatch.setattr(children, "parent_settle", lambda parent_id, actor, step=None: lost.append(
+    monkeypatch.setattr(announce, "parent_settle", lambda parent_id, actor, step=None: lost.append(
         parent_id))
     run_queued()
     assert len(lost) == 2  # both endings' settles were lost

@@ -526,8 +526,8 @@ MUTANTS = (
     Mutant(
         "settle-ignores-open-children",
         "a settle wakes the parent at the first child's ending, whatever is still open",
-        "workflows/engine/children.py",
-        (("    if _open(children_of(parent.pk, awaited.get(\"of_step\"))).exists():\n"
+        "workflows/engine/announce.py",
+        (("    if open_children_of(parent.pk, awaited.get(\"of_step\")).exists():\n"
           "        return False\n", ""),),
         ("tests/engine/test_children.py::"
          "test_a_child_ending_while_others_are_open_leaves_its_parent_parked",),

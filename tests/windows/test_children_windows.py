@@ -21,7 +21,7 @@ from tests.support.helpers import (
     wait_for,
 )
 from workflows.engine import faults, task_cancel
-from workflows.engine.children import parent_settle
+from workflows.engine.announce import parent_settle
 from workflows.engine.dispatcher import dispatch_once
 from workflows.engine.triggers import task_trigger
 from workflows.models import Task

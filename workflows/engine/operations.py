@@ -16,6 +16,7 @@ may not even see the task gets TaskNotFound, never a hint that it exists.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
@@ -34,8 +35,11 @@ from workflows.rules.errors import (
     TaskNotFound,
     ValidationFailed,
 )
-from workflows.rules.states import TaskState
+from workflows.rules.states import FINISHED_STATES, TaskState
 from workflows.selectors import can_view_all
+
+# How deep a cancel follows children of children.
+MAX_CANCEL_DEPTH = 20
 
 
 def transition_permission(name: str) -> str:
@@ -75,8 +79,6 @@ def task_cancel(*, task_id: Any, user: Any, reason: str = "", owner_may: bool = 
         task = _lock_for(user, task_id, owner_may=owner_may, action="cancel")
         cancel_locked_in_tx(task, actor=actor_for(user), reason=reason)
         if task.children_count:
-            from workflows.engine.children import children_cancel_in_tx
-
             children_cancel_in_tx([task.pk], actor=actor_for(user),
                                   reason=f"its parent {task.pk} was cancelled")
     return task
@@ -99,6 +101,27 @@ def cancel_locked_in_tx(task: Task, *, actor: str, reason: str) -> None:
     emit_on_commit(Event.TASK_CANCEL_REQUESTED, task_id=str(task.pk), workflow=task.workflow,
                    attempt=task.attempts, to_state=task.state, actor=actor,
                    trace_id=task.trace_id or None)
+
+
+def children_cancel_in_tx(parents: Iterable[Any], *, actor: str, reason: str) -> int:
+    """Cancel the children of `parents` that have not ended — and theirs, to
+    MAX_CANCEL_DEPTH — in the caller's transaction, each by the cancel plan
+    (nothing to undo → cancelled; work to undo → cancelling, enqueued; a
+    running child → cancelling, its worker stops). Returns how many."""
+    cancelled = 0
+    level = list(parents)
+    for _ in range(MAX_CANCEL_DEPTH):
+        if not level:
+            break
+        children = store().lock_tasks_in_tx(
+            Task.objects.filter(parent_id__in=level)
+            .exclude(state__in=[*FINISHED_STATES, TaskState.CANCELLING, TaskState.COMPENSATING])
+            .order_by("pk"))
+        for child in children:
+            cancel_locked_in_tx(child, actor=actor, reason=reason)
+        cancelled += len(children)
+        level = [child.pk for child in children]
+    return cancelled
 
 
 def task_retry(*, task_id: Any, user: Any, from_start: bool = False,

@@ -32,7 +32,6 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 
 from workflows.engine import faults
-from workflows.engine.children import children_of
 from workflows.engine.plans import Plan
 from workflows.engine.run.held import Held, StepFailure
 from workflows.engine.run.outcomes import (
@@ -50,6 +49,7 @@ from workflows.observability.events import Event
 from workflows.registry import Wait
 from workflows.rules.errors import CancelRequested, ChildFailed, SignalTimeout, WorkerSignal
 from workflows.rules.states import FINISHED_STATES, StepState, TaskState
+from workflows.selectors import children_of
 
 Decided = Next | Waited | WaitFailed
 
