@@ -139,3 +139,28 @@ def test_a_child_ending_while_others_are_open_leaves_its_parent_parked(owner):
     parent.refresh_from_db()
     assert parent.state == S.PENDING
     assert [t for t, _, _ in audit(parent.pk)] == ["claim", "park", "wake"]
+
+
+def test_a_childs_key_is_derived_from_parent_step_and_suffix_and_a_bad_suffix_is_refused():
+    from workflows.engine.children import child_key
+    from workflows.rules.errors import ValidationFailed
+
+    assert child_key("p-1", "spawn", "7") == "child:p-1:spawn:7"
+    for bad in ("", "has space", "é", "x" * 300):
+        with pytest.raises(ValidationFailed, match="A child's suffix"):
+            child_key("p-1", "spawn", bad)
+
+
+def test_a_step_asking_for_two_children_with_one_suffix_starts_none(owner, temp_workflow):
+    wf = temp_workflow("t.same_suffix", max_attempts=1)
+
+    @wf.step
+    def spawn(ctx):
+        return ctx.start_children("demo.echo", [{}, {}], suffixes=["a", "a"])
+
+    parent = trigger(owner, "t.same_suffix", {})
+    run_queued()
+    parent.refresh_from_db()
+    assert (parent.state, parent.error_type) == (S.FAILED, "ValueError")
+    assert "one distinct suffix per payload" in parent.error
+    assert children_of(parent) == []
