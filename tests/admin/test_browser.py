@@ -496,13 +496,10 @@ def test_a_parent_shows_its_children_and_the_workflows_page_its_versions(
     wait_until(lambda: Task.objects.get(pk=waiting.pk).state == S.WAITING, 60,
                what="the versioned task to wait at its gate")
     # A deployment adds version 2 (in the web process: what the page reads).
-    from workflows.registry import Workflow, registry
+    from tests.support.helpers import versioned_v2
+    from workflows.registry import registry
 
-    v2 = Workflow("demo.versioned", version=2)
-    v2.add_step("a", lambda ctx: 1)
-    v2.wait_for_signal("gate", signal="go")
-    v2.add_step("b", lambda ctx: 2)
-    registry.register(v2)
+    registry.register(versioned_v2())
     try:
         page.goto(f"{live_server.url}/admin/workflows/task/workflows/#workflow-demo-versioned")
         versions = page.locator('[data-workflow="demo.versioned"] .pilot-versions')

@@ -12,10 +12,10 @@ import pytest
 from django.urls import reverse
 
 from tests.admin.conftest import LIST_URL, task_url
-from tests.support.helpers import pop_queued
+from tests.support.helpers import pop_queued, versioned_v2
 from workflows.engine.triggers import task_trigger
 from workflows.models import Task
-from workflows.registry import Workflow, registry
+from workflows.registry import registry
 from workflows.rules.states import TaskState as S
 from workflows.worker import run_task
 
@@ -63,11 +63,7 @@ def test_the_list_filters_a_parents_children_and_refuses_a_bad_parent(owner, ope
 def test_the_workflows_page_shows_per_version_the_tasks_not_finished(owner, operator_client):
     before = registry.versions("demo.versioned")
     v1_task = task_trigger(owner=owner, key="v1", workflow="demo.versioned", payload={}).task
-    v2 = Workflow("demo.versioned", version=2)
-    v2.add_step("a", lambda ctx: 1)
-    v2.wait_for_signal("gate", signal="go")
-    v2.add_step("b", lambda ctx: 2)
-    registry.register(v2)
+    registry.register(versioned_v2())
     try:
         task_trigger(owner=owner, key="v2a", workflow="demo.versioned", payload={})
         task_trigger(owner=owner, key="v2b", workflow="demo.versioned", payload={})

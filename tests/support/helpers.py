@@ -285,3 +285,17 @@ def task_resume(*, task_id, worker: str):
     from workflows.engine.store import store
 
     return store().resume(task_id, worker=worker, lease=lease_length())
+
+
+def versioned_v2():
+    """Version 2 of demo.versioned as SPEC'd for the demo (a, gate, c, b), not
+    registered: what a deployment adds (the caller registers and removes it)."""
+    from workflows.demo.workflows import _ran
+    from workflows.registry import Workflow
+
+    wf = Workflow("demo.versioned", version=2)
+    wf.add_step("a", _ran("a"))
+    wf.wait_for_signal("gate", signal="go")
+    wf.add_step("c", _ran("c"))
+    wf.add_step("b", _ran("b", 2))
+    return wf
