@@ -17,10 +17,13 @@ from workflows.engine.schedules import (
     MAX_CATCH_UP,
     database_now,
     schedule_key,
+    schedule_run_now,
+    schedule_run_now_key,
     schedules_fire_due,
     slots_to_fire,
 )
 from workflows.models import PilotSchedule, Task
+from workflows.rules.errors import TaskNotFound, ValidationFailed
 from workflows.rules.states import Source
 
 pytestmark = pytest.mark.django_db
@@ -299,3 +302,34 @@ def test_a_failure_after_triggering_rolls_the_slot_back_and_pauses_only_that_sch
     assert keys() == ["schedule:healthy:2026-03-01T10:00:10Z"]
     broken = PilotSchedule.objects.get(name="overflowing")
     assert broken.next_slot_at is None and "DataError" in broken.last_error
+
+
+# --- run now ----------------------------------------------------------------------------
+
+def test_run_now_triggers_one_run_beside_the_slots_and_a_second_call_replays_it(make, owner):
+    make()
+    token = "ab" * 16
+    first = schedule_run_now(name="every5", token=token, actor=owner)
+    again = schedule_run_now(name="every5", token=token, actor=owner)
+    assert (first.outcome, again.outcome, again.task.pk) == ("created", "replayed", first.task.pk)
+    assert first.task.idempotency_key == schedule_run_now_key("every5", token) == \
+        f"schedule:every5:now-{token}"
+    assert (first.task.owner, first.task.source, first.task.payload) == (
+        owner, Source.SCHEDULE, {"n": 1})
+    # The slots are the scheduler's: the next one still fires, under its own key.
+    assert PilotSchedule.objects.get().next_slot_at == at(10)
+    schedules_fire_due(now=at(10.3))
+    assert keys() == sorted([first.task.idempotency_key, schedule_key("every5", at(10))])
+
+
+def test_run_now_refuses_a_bad_token_an_unknown_schedule_and_an_inactive_owner(make, owner):
+    make()
+    with pytest.raises(ValidationFailed, match="run-now token"):
+        schedule_run_now(name="every5", token="nope", actor=owner)
+    with pytest.raises(TaskNotFound):
+        schedule_run_now(name="missing", token="ab" * 16, actor=owner)
+    owner.is_active = False
+    owner.save()
+    with pytest.raises(ValidationFailed, match="inactive"):
+        schedule_run_now(name="every5", token="ab" * 16, actor=owner)
+    assert not Task.objects.exists()

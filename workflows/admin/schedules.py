@@ -13,6 +13,10 @@ and a schedule that runs as anybody else is read-only to them (no change, no
 pause or resume). Superusers and inactive users are never owners
 (accounts.schedule_owner_problem). Every add and change is in Django's admin
 log, naming who the schedule runs as and who saved it.
+Its page drives it too (workflows.admin.schedule_pages): Run now, pause or
+resume, its next slots, its runs. The add form chooses no workflow for the
+operator and fills the payload with the chosen workflow's example, like the
+Trigger form; the owner is chosen by name.
 Registered on the admin site by WorkflowsConfig.ready().
 """
 
@@ -20,13 +24,23 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils.html import format_html
 
 from workflows.accounts import SCHEDULER_OWNER, scheduler_owner_get, user_by_name_filter
 from workflows.admin.forms import PayloadField
 from workflows.admin.guard import GuardedChangelist
+from workflows.admin.schedule_pages import (
+    next_slots,
+    run_now_view,
+    runs_url,
+    schedule_page_context,
+    set_enabled_view,
+)
+from workflows.admin.schema import payload_example
+from workflows.admin.text import timestamp, timestamp_field
 from workflows.engine import (
     schedule_delete,
     schedule_save,
@@ -50,8 +64,9 @@ def runs_as_scheduler(schedule) -> bool:
     its form)."""
     return schedule.pk is None or schedule.owner_id is None or \
         schedule.owner.get_username() == SCHEDULER_OWNER
-_STATUS = ("origin", "next_slot_at", "last_fired_slot", "last_fired_at", "last_task",
-           "fired_count", "last_error", "last_error_at", "created_at", "updated_at")
+# Times as ISO 8601 UTC, like the rest of the console (timestamp_field below).
+_STATUS = ("origin", "next_slot", "last_fired_slot_at", "last_fired", "last_task",
+           "fired_count", "last_error", "last_error_time", "created", "updated")
 
 
 class ScheduleForm(forms.ModelForm):
@@ -78,9 +93,17 @@ class ScheduleForm(forms.ModelForm):
             names = registry.names()
             if current and current not in names:  # unregistered since: still shown
                 names = [current, *names]
-            self.fields["workflow"].choices = [(n, n) for n in names]
+            # No workflow chosen for the operator (the first name was demo.crash).
+            blank = [] if current else [("", "— choose a workflow —")]
+            self.fields["workflow"].choices = blank + [(n, n) for n in names]
         if "owner" in self.fields:
-            self.fields["owner"].required = False
+            owner = self.fields["owner"]
+            owner.required = False
+            # A select by name, not a raw id box. Every user: the engine says why
+            # a superuser or an inactive one is refused (accounts.schedule_owner_problem).
+            owner.queryset = get_user_model().objects.order_by(get_user_model().USERNAME_FIELD)
+            owner.label_from_instance = lambda user: user.get_username()
+            owner.empty_label = f"— the {SCHEDULER_OWNER} user —"
 
     def clean(self):
         data = super().clean()
@@ -104,12 +127,43 @@ class ScheduleForm(forms.ModelForm):
 @admin.register(PilotSchedule)
 class PilotScheduleAdmin(GuardedChangelist, admin.ModelAdmin):
     form = ScheduleForm
-    list_display = ("name", "workflow", "cron", "missed", "enabled", "origin", "next_slot_at",
-                    "last_fired_slot", "fired_count", "health")
+    list_display = ("name", "workflow", "cron", "missed", "enabled", "origin", "next_slot",
+                    "last_fired_slot_at", "fired_count", "health", "runs")
     list_filter = ("enabled", "missed", "origin", "workflow")
     search_fields = ("name", "workflow")
-    raw_id_fields = ("owner",)
     actions = ("enable_selected", "disable_selected")
+    change_form_template = "admin/workflows/pilotschedule/change_form.html"
+
+    next_slot = timestamp_field("next_slot_at", "next slot (UTC)")
+    last_fired_slot_at = timestamp_field("last_fired_slot", "last fired slot (UTC)")
+    last_fired = timestamp_field("last_fired_at", "last fired at (UTC)")
+    last_error_time = timestamp_field("last_error_at", "last error at (UTC)")
+    created = timestamp_field("created_at", "created (UTC)")
+    updated = timestamp_field("updated_at", "updated (UTC)")
+
+    def get_urls(self):
+        def view(function):
+            return self.admin_site.admin_view(
+                lambda request, object_id: function(self, request, object_id))
+        return [
+            path("<path:object_id>/run-now/", view(run_now_view),
+                 name="workflows_pilotschedule_run_now"),
+            path("<path:object_id>/enabled/", view(set_enabled_view),
+                 name="workflows_pilotschedule_enabled"),
+            *super().get_urls(),
+        ]
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="",
+                           obj=None):
+        context = {**context,
+                   "payload_examples": {w.name: payload_example(w) for w in registry.all()}}
+        if obj is not None:
+            context = {**context, **schedule_page_context(obj),
+                       "may_drive": self.has_change_permission(request, obj),
+                       "next_slots_text": [timestamp(slot, ms=False)
+                                           for slot in next_slots(obj)]}
+        return super().render_change_form(request, context, add=add, change=change,
+                                          form_url=form_url, obj=obj)
 
     def get_fields(self, request, obj=None):
         return list(_FIELDS) + (list(_STATUS) if obj else [])
@@ -139,6 +193,10 @@ class PilotScheduleAdmin(GuardedChangelist, admin.ModelAdmin):
             return "-"
         url = reverse("admin:workflows_task_change", args=[obj.last_task_id])
         return format_html('<a href="{}">{}</a>', url, obj.last_task_id)
+
+    @admin.display(description="runs")
+    def runs(self, obj):
+        return format_html('<a href="{}">runs</a>', runs_url(obj))
 
     @admin.display(description="health")
     def health(self, obj):

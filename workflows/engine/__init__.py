@@ -53,7 +53,7 @@ from workflows.engine.schedule_definitions import (
     schedules_sync_after_migrate,
     schedules_sync_declared,
 )
-from workflows.engine.schedules import schedules_fire_due
+from workflows.engine.schedules import schedule_run_now, schedule_run_now_key, schedules_fire_due
 from workflows.engine.signals import SignalOutcome, task_signal
 from workflows.engine.store import database_now
 from workflows.engine.store.rows import CANCELLED_WHILE_RUNNING
@@ -99,6 +99,8 @@ __all__ = [
     "q_results_prune",
     "retry_plan",
     "schedule_delete",
+    "schedule_run_now",
+    "schedule_run_now_key",
     "schedule_save",
     "schedule_set_enabled",
     "schedule_validate",

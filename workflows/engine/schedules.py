@@ -48,11 +48,18 @@ from django.db.models import Min
 from workflows.accounts import schedule_owner_problem
 from workflows.conf import pilot_settings
 from workflows.engine.store import database_now, store
-from workflows.engine.triggers import CREATED, REPLAYED, TriggerRequest, task_trigger_many
+from workflows.engine.triggers import (
+    CREATED,
+    REPLAYED,
+    TriggerOutcome,
+    TriggerRequest,
+    task_trigger,
+    task_trigger_many,
+)
 from workflows.models import MissedPolicy, PilotSchedule
 from workflows.observability.events import Event, emit, emit_on_commit
 from workflows.rules.cron import cron_latest_slots, cron_next, slot_text
-from workflows.rules.errors import PilotError, ValidationFailed
+from workflows.rules.errors import PilotError, TaskNotFound, ValidationFailed
 from workflows.rules.states import Source
 
 log = logging.getLogger("pilot.schedules")
@@ -95,6 +102,45 @@ class ScheduleFireReport:
 def schedule_key(name: str, slot: datetime) -> str:
     """The idempotency key of one slot of schedule `name`."""
     return f"schedule:{name}:{slot_text(slot)}"
+
+
+def schedule_run_now_key(name: str, token: str) -> str:
+    """The key of an operator's "Run now" of schedule `name`: under the
+    schedule's own prefix (`schedule:<name>:`, so its runs list shows it),
+    never a slot's (`now-…` is no ISO time), so it neither replays nor blocks
+    a slot. `token` (32 hex digits) is chosen once per confirmation page: the
+    same confirmation sent twice replays its task instead of starting two."""
+    return f"schedule:{name}:now-{token}"
+
+
+def schedule_run_now(*, name: str, token: str, actor: Any,
+                     trace_id: str = "") -> TriggerOutcome:
+    """Trigger one run of schedule `name` now, outside its slots: its workflow
+    and payload, as its owner, through the normal trigger path
+    (`task_trigger`, source `schedule`) with `schedule_run_now_key`. The
+    schedule row is not changed (its next slot, last fired slot and count
+    are the scheduler's); enabled or paused alike. Raises TaskNotFound (no
+    such schedule), ValidationFailed (a bad token, or an owner deactivated or
+    made superuser since) and whatever the trigger refuses (the workflow no
+    longer registered, the payload no longer valid)."""
+    if not (isinstance(token, str) and len(token) == 32
+            and all(c in "0123456789abcdef" for c in token)):
+        raise ValidationFailed("Not a run-now token (32 hex digits)",
+                               errors={"token": ["32 hex digits"]})
+    schedule = PilotSchedule.objects.select_related("owner").filter(name=name).first()
+    if schedule is None:
+        raise TaskNotFound(f"No schedule is named {name!r}")
+    problem = schedule_owner_problem(schedule.owner)
+    if problem:
+        raise ValidationFailed(problem, errors={"owner": [problem]})
+    trace_id = trace_id or uuid.uuid4().hex
+    outcome = task_trigger(owner=schedule.owner, workflow=schedule.workflow,
+                           payload=schedule.payload, key=schedule_run_now_key(name, token),
+                           source=SCHEDULE_SOURCE, trace_id=trace_id)
+    emit(Event.SCHEDULE_FIRED, schedule=name, workflow=schedule.workflow, slot="now",
+         outcome=outcome.outcome, task_id=str(outcome.task.pk), trace_id=trace_id,
+         actor=getattr(actor, "get_username", lambda: str(actor))())
+    return outcome
 
 
 def slots_to_fire(missed: str, slots: list[datetime], *, now: datetime,
