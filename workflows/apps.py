@@ -13,7 +13,7 @@ class WorkflowsConfig(AppConfig):
 
         # Imported for their side effects: checks, signals, the schedules' admin.
         from workflows import checks  # noqa: F401
-        from workflows.admin import django_q, guard, schedules, webhooks  # noqa: F401
+        from workflows.admin import django_q, fleet_webhooks, guard, schedules, webhooks  # noqa: F401
         from workflows.engine import schedules_sync_after_migrate
         from workflows.observability import metrics
         from workflows.registry import autodiscover

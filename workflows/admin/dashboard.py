@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 
-from workflows.admin import stats
+from workflows.admin import fleet_webhooks, stats
 from workflows.admin.clock import console_now
 from workflows.admin.pictures.chart import SERIES, activity_chart
 from workflows.admin.pictures.svg import STATE_COLORS
@@ -27,7 +27,7 @@ def require_view_all(request, page: str) -> None:
 def dashboard_context(now) -> dict:
     """Counts by state, activity per hour over 24 h (chart and table), workers
     and queue, tasks past their lease, the oldest pending tasks, the tasks
-    waiting for a person and the top failing workflows."""
+    waiting for a person, the top failing workflows and the webhooks failing."""
     counts = task_counts_by_state()
     buckets = stats.activity_per_hour(now)
     totals = [(name, legend, colour, sum(getattr(b, name) for b in buckets))
@@ -48,6 +48,7 @@ def dashboard_context(now) -> dict:
         "oldest_pending": stats.tasks_oldest_pending(),
         "waiting_for_a_person": stats.tasks_waiting_for_a_person(),
         "top_failing": stats.workflows_top_failing(now),
+        "webhooks": fleet_webhooks.failing_summary(now),
     }
 
 

@@ -38,6 +38,11 @@ class DeliveryState(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
+# A delivery failing: retrying (an attempt failed, more to come) or given up.
+FAILING_DELIVERY = (Q(state=DeliveryState.FAILED)
+                    | Q(state=DeliveryState.PENDING, attempts__gt=0))
+
+
 class ClientWebhook(models.Model):
     owner = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
                                  primary_key=True, related_name="pilot_webhook")
@@ -76,8 +81,9 @@ class WebhookDelivery(models.Model):
     # source; this keeps one.
     task = models.ForeignKey("workflows.Task", on_delete=models.DO_NOTHING,
                              db_constraint=False, related_name="deliveries")
-    # The task's owner, copied at insert. No index of its own: the counts by
-    # owner read only the rows in flight (pilot_delivery_claimed_idx).
+    # The task's owner, copied at insert. The caps' counts by owner read only
+    # the rows in flight (pilot_delivery_claimed_idx); the console's list by
+    # client has pilot_delivery_owner_id_idx.
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
                               related_name="+", db_index=False)
     traceparent = models.CharField(max_length=55, blank=True, default="", db_default="")
@@ -146,6 +152,17 @@ class WebhookDelivery(models.Model):
             models.Index(fields=["endpoint", "next_attempt_at"],
                          name="pilot_delivery_owed_ep_idx",
                          condition=Q(enqueued_at__isnull=True, state=DeliveryState.PENDING)),
+            # The console (workflows/admin/fleet_webhooks.py): the dashboard's
+            # deliveries retrying or given up in the last 24 h, by last attempt;
+            # the deliveries list filtered to those, newest first; and by
+            # endpoint, by client, newest first. The failing ones are few:
+            # partial indexes that stay small.
+            models.Index(fields=["last_attempt_at"], name="pilot_delivery_failing_idx",
+                         condition=FAILING_DELIVERY),
+            models.Index(fields=["id"], name="pilot_delivery_failing_id_idx",
+                         condition=FAILING_DELIVERY),
+            models.Index(fields=["endpoint", "id"], name="pilot_delivery_endpoint_id_idx"),
+            models.Index(fields=["owner", "id"], name="pilot_delivery_owner_id_idx"),
             # Cleanup: deliveries whose task is gone (to remove once they ended).
             models.Index(fields=["id"], name="pilot_delivery_detached_idx",
                          condition=Q(detached_at__isnull=False)),
