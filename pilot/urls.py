@@ -2,7 +2,7 @@
 pieces where it likes: docs/embedding.md)."""
 
 from django.contrib import admin
-from django.http import HttpResponsePermanentRedirect
+from django.http import HttpResponsePermanentRedirect, HttpResponseRedirect
 from django.templatetags.static import static
 from django.urls import include, path
 
@@ -17,6 +17,8 @@ urlpatterns = [
     *probe_urls(),
     # Browsers ask for /favicon.ico on pages that name no icon (the console's pages do);
     # resolved per request, so the static manifest is read only when it exists.
+    # The bare host (and "View site" of an unbranded admin) opens the console.
+    path("", lambda request: HttpResponseRedirect("/admin/")),
     path("favicon.ico", lambda request: HttpResponsePermanentRedirect(
         static("pilot/favicon.svg"))),
 ]

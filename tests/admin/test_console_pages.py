@@ -80,7 +80,9 @@ def test_the_owner_filter_lists_owners_only_to_who_may_see_every_task(
 
 def test_view_site_api_docs_and_favicon(operator_client):
     html = operator_client.get(LIST_URL).content.decode()
-    assert '<a href="/admin/workflows/task/">View site</a>' in html
+    assert '<a href="/admin/">View site</a>' in html
+    assert operator_client.get("/admin/").status_code == 200  # where it goes: no 404
+    assert Client().get("/").url == "/admin/"  # nor the bare host
     assert '<a href="/api/v1/docs">API docs</a>' in html
     assert '<link rel="icon" type="image/svg+xml" href="/static/pilot/favicon.svg">' in html
     index = operator_client.get("/admin/").content.decode()

@@ -23,7 +23,7 @@ from workflows.conf import pilot_settings
 def brand_admin_site(site=admin.site) -> None:
     """The operator console's look for a whole admin site: its header, title,
     index (links to the console's pages), login and app pages, no sidebar, and
-    "View site" opening the task list. Opt-in (PILOT_ADMIN_BRANDING): on in
+    "View site" opening the console's index. Opt-in (PILOT_ADMIN_BRANDING): on in
     the standalone project, off in a host project, whose admin keeps its own
     name — PILOT's pages there carry the console's look by themselves."""
     from django.urls import reverse_lazy
@@ -38,8 +38,9 @@ def brand_admin_site(site=admin.site) -> None:
     # The task list needs the width (every column visible at 1440 px); the console's
     # pages link each other, and Home lists every model.
     site.enable_nav_sidebar = False
-    # "View site" opens the console's task list: PILOT has no other site to view.
-    site.site_url = reverse_lazy("admin:workflows_task_changelist")
+    # "View site" opens the console's index (every operator may see it; the task
+    # list needs workflows.view_task): PILOT has no other site to view.
+    site.site_url = reverse_lazy("admin:index")
 
 
 if pilot_settings.PILOT_ADMIN_BRANDING:

@@ -6,7 +6,8 @@ Two doors, one behaviour:
 - the task page's buttons (`transition_view`, `<id>/transition/<action>/`),
   which refuse a user without the action's permission with 403 on GET and POST.
 
-Both show every selected task with what confirming would do to it, and on
+Both show every selected task with what confirming would do to it (and no
+Confirm button when it would change none of them: "Back" only), and on
 confirmation call the engine once per task (its own transaction), reporting
 each task's outcome and writing Django admin log entries for the tasks it
 changed. CSRF applies to every POST (admin views are protected).
@@ -66,9 +67,10 @@ def bulk_view(model_admin, request, queryset, action: OperatorAction):
             model_admin, request, title=f"{action.label}: outcomes", action=action,
             results=_fresh_states(results), changed=sum(r.ok for r in results),
             back_url=back_url))
+    plan = actions_plan(action, tasks)
     return TemplateResponse(request, "pilot/admin/action_confirm.html", _context(
         model_admin, request, title=f"{action.label}: confirm", action=action, form=form,
-        plan=actions_plan(action, tasks), bulk=True, confirm_field=CONFIRM_FIELD,
+        plan=plan, changing=sum(c.changes for c in plan), bulk=True, confirm_field=CONFIRM_FIELD,
         checkbox_name=helpers.ACTION_CHECKBOX_NAME, form_action="", cancel_url=back_url))
 
 
@@ -101,9 +103,10 @@ def transition_view(model_admin, request, object_id, action_name):
         else:
             messages.error(request, f"{label} refused — {result.detail}")
         return HttpResponseRedirect(task_url)
+    plan = actions_plan(action, [task], from_step=from_step)
     return TemplateResponse(request, "pilot/admin/action_confirm.html", _context(
         model_admin, request, title=f"{label}: confirm", action=action, label=label,
-        form=form, plan=actions_plan(action, [task], from_step=from_step), bulk=False,
+        form=form, plan=plan, changing=sum(c.changes for c in plan), bulk=False,
         original=task, from_step=from_step, confirm_field=CONFIRM_FIELD,
         form_action=request.path, cancel_url=task_url))
 

@@ -16,7 +16,9 @@ included. Deleting stays possible (a deployment may prefer cron to run
 
 `install()` runs from WorkflowsConfig.ready(), after the admin's autodiscovery
 registered django-q2's admin. Every django-q2 list takes only its own filters'
-parameters (`workflows.admin.guard`).
+parameters (`workflows.admin.guard`). With PILOT_ADMIN_BRANDING its index
+section is named for what it is (`name_the_section`): the queue library's
+own records, not PILOT's schedules or failed tasks.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from django_q.admin import FailAdmin, QueueAdmin, ScheduleAdmin, TaskAdmin
 from django_q.models import Failure, OrmQ, Schedule, Success
 
 from workflows.admin.guard import GuardedChangelist, guarded
+from workflows.conf import pilot_settings
 
 # The only Schedule fields the admin may change: when, never what.
 TIMING_FIELDS = ("schedule_type", "minutes", "repeats", "next_run", "cron")
@@ -41,7 +44,21 @@ class LockedScheduleAdmin(GuardedChangelist, ScheduleAdmin):
                 if f.name not in TIMING_FIELDS and not f.primary_key]
 
 
+# django-q2's section of the admin index, renamed where the console is branded:
+# its "Scheduled tasks" and "Failed tasks" sat beside PILOT's Schedules and
+# failed tasks with nothing to say which is which.
+DJANGO_Q_SECTION = "Django Q internals (the queue library's own records, not PILOT's tasks)"
+
+
+def name_the_section(branded: bool) -> None:
+    if branded:
+        from django.apps import apps
+
+        apps.get_app_config("django_q").verbose_name = DJANGO_Q_SECTION
+
+
 def install(site=admin.site) -> None:
+    name_the_section(pilot_settings.PILOT_ADMIN_BRANDING)
     if site.is_registered(Schedule):
         site.unregister(Schedule)
     site.register(Schedule, LockedScheduleAdmin)

@@ -39,7 +39,7 @@ from workflows.admin.clock import console_now
 from workflows.admin.deliveries import can_resend
 from workflows.admin.forms import ReasonForm
 from workflows.admin.guard import GuardedChangelist
-from workflows.admin.paging import EstimatedCountPaginator
+from workflows.admin.paging import EstimatedCountPaginator, UnfilteredShowsNoShowAll
 from workflows.admin.text import state_badge, timestamp
 from workflows.engine import delivery_resend
 from workflows.models import ClientWebhook, DeliveryState, Task, WebhookDelivery, WebhookEndpoint
@@ -157,6 +157,9 @@ class WebhookDeliveryAdmin(GuardedChangelist, admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER
     list_per_page = 50
     actions = ["resend_selected"]
+
+    def get_changelist(self, request, **kwargs):
+        return UnfilteredShowsNoShowAll
 
     def has_view_permission(self, request, obj=None):
         return bool(request.user.is_active and request.user.is_staff

@@ -16,6 +16,7 @@ import uuid
 from datetime import datetime
 from functools import cached_property
 
+from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db.models import Q
 from django.utils.dateparse import parse_datetime
@@ -35,6 +36,18 @@ class EstimatedCountPaginator(Paginator):
     def count(self) -> int:
         n, self.exact = count_or_estimate(self.object_list, exact_up_to=EXACT_COUNT_UP_TO)
         return n
+
+
+class UnfilteredShowsNoShowAll(ChangeList):
+    """Without `show_full_result_count` (no second COUNT over the whole
+    table) Django offers "(Show all)" beside the search box on every page,
+    the unfiltered list included, where it leads back to the same list. An
+    unfiltered, unsearched list is its own whole: say so, and the link goes."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        if not self.query and not self.has_active_filters:
+            self.full_result_count = self.result_count
 
 
 def cursor_text(task) -> str:

@@ -23,7 +23,7 @@ from datetime import datetime
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import ALL_VAR, ORDER_VAR, ChangeList
+from django.contrib.admin.views.main import ALL_VAR, ORDER_VAR
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, Q, Subquery
 from django.db.models.functions import Substr
@@ -54,6 +54,7 @@ from workflows.admin.list_params import list_params_check, problems_text
 from workflows.admin.paging import (
     CURSOR,
     EstimatedCountPaginator,
+    UnfilteredShowsNoShowAll,
     cursor_parse,
     cursor_text,
     older_than,
@@ -83,7 +84,7 @@ def _now(task: Task) -> datetime:
     return getattr(task, "pilot_now", None) or console_now()
 
 
-class TaskChangeList(ChangeList):
+class TaskChangeList(UnfilteredShowsNoShowAll):
     """The list's rows: without payload and result (up to 256 KiB each), with
     the head of the error and the running step's name (one subquery per row
     of the page, on step_task_index_uniq)."""
