@@ -13,7 +13,11 @@ against a live server (PostgreSQL), with a real `qcluster` and
   charts follow dark mode, and no request of any page 404s (the favicon);
 - with the fair-share cap at 1, a task held by its client's cap says so on
   its page, in the list and on Workers & queue, and a failed task lists each
-  attempt with its traceback.
+  attempt with its traceback;
+- webhooks failing across tasks show on the dashboard and in the deliveries
+  list, whose bulk Re-send shows its dry run first; a task page with webhook
+  attempts fits 390 px; a schedule runs now from its page and its runs link
+  lists that run; the Trigger form's key box holds its UUID.
 
 Screenshots go to test-artifacts/; with PILOT_UPDATE_SCREENSHOTS=1 the ones
 the README and docs/console.md show are also written to docs/screenshots/.
@@ -564,4 +568,82 @@ def test_a_task_held_by_its_clients_cap_says_so_and_a_failure_shows_each_attempt
     assert "flaky failure on attempt 5" in newest.inner_text()
     page.locator("#pilot-failures").scroll_into_view_if_needed()
     shot(page, "task-failed-attempts", docs=True)
+    assert page.failures == []
+
+
+def test_failing_webhooks_fleet_wide_and_a_schedule_run_now_from_its_page(
+        live_server, signed_in, operator_user, settings):
+    """Two tasks whose receiver answers 500 (attempted in this process: the
+    real sender, no worker needed): the dashboard names the endpoint, the
+    deliveries list filters to them and its Re-send shows what it would send
+    before anything is; the task page's attempts fit a phone. A schedule's
+    Run now confirms, starts its run and the schedule's runs link finds it."""
+    from tests.support.helpers import drain, purge_queue
+    from tests.webhooks.receiver import Receiver
+    from workflows.accounts import client_webhook_ensure, scheduler_owner_get
+    from workflows.engine.schedule_definitions import schedule_save
+    from workflows.models import WebhookDelivery
+
+    settings.PILOT_WEBHOOK_ALLOW_PRIVATE = True
+    settings.PILOT_WEBHOOK_FIRST_RETRY_SECONDS = 300  # one failed attempt each, then it waits
+    page = signed_in
+    operator_user.user_permissions.add(*Permission.objects.filter(
+        content_type__app_label="workflows",
+        codename__in=["resend_webhook", "view_pilotschedule", "change_pilotschedule"]))
+    client_webhook_ensure(operator_user)
+    with Receiver(lambda mid, n: (500, 0)) as receiver:
+        tasks = [task_trigger(owner=operator_user, key=f"hook-{i}-{uuid.uuid4().hex[:6]}",
+                              workflow="demo.echo", payload={"order": i},
+                              callback_url=receiver.url).task for i in range(2)]
+        drain(lambda: WebhookDelivery.objects.filter(attempts__gte=1).count() == 2)
+        purge_queue()
+    endpoint = WebhookDelivery.objects.filter(task_id=tasks[0].pk).get().endpoint
+
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"{live_server.url}/admin/workflows/task/dashboard/")
+    card = page.locator("#pilot-webhooks-failing")
+    assert card.get_attribute("data-retrying") == "2"
+    card.locator(f'tr[data-endpoint="{endpoint}"] a').click()
+    page.wait_for_selector("#result_list")
+    assert page.locator("#result_list tbody tr").count() == 2
+    assert page_width(page)[0] <= 1280  # every column on a laptop
+    shot(page, "webhook-deliveries", docs=True)
+    page.check("#action-toggle")
+    page.select_option("select[name=action]", "resend_selected")
+    page.click("button[name=index]")
+    page.wait_for_selector(".pilot-resend-plan")
+    assert page.locator("#pilot-resend-count").inner_text() == "2"
+    assert page.locator(f'#pilot-resend-endpoints tr[data-endpoint="{endpoint}"]').count() == 1
+    shot(page, "webhook-resend-dry-run", docs=True)
+    # The dry run sent nothing: each delivery still has its one failed attempt, no re-send owed.
+    assert not WebhookDelivery.objects.filter(resend_owed=True).exists()
+
+    page.set_viewport_size({"width": 390, "height": 800})
+    page.goto(f"{live_server.url}/admin/workflows/task/{tasks[0].pk}/change/")
+    page.wait_for_selector("#pilot-webhooks .pilot-attempts")
+    assert page_width(page)[0] <= 390
+
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"{live_server.url}/admin/workflows/task/trigger/")
+    key = page.evaluate("(() => { const k = document.getElementById('id_idempotency_key');"
+                        " return [k.scrollWidth, k.clientWidth]; })()")
+    assert key[0] <= key[1], key  # the default UUID shows whole
+
+    schedule, _ = schedule_save(name="nightly-report", workflow="demo.echo", cron="0 3 * * *",
+                                payload={"report": "daily"}, owner=scheduler_owner_get(),
+                                missed="skip", enabled=True)
+    page.goto(f"{live_server.url}/admin/workflows/pilotschedule/{schedule.pk}/change/")
+    slots = page.locator("#pilot-next-slots li")
+    assert slots.count() == 5 and slots.first.inner_text().endswith("T03:00:00Z")
+    shot(page, "schedule-page", docs=True)
+    page.click("#pilot-run-now")
+    page.fill("#id_reason", "the 03:00 run was lost")
+    page.click("#pilot-confirm")
+    page.wait_for_selector(".field-state_badge")
+    run = Task.objects.get(idempotency_key__startswith="schedule:nightly-report:now-")
+    assert str(run.pk) in page.url and run.owner.username == "scheduler"
+    page.goto(f"{live_server.url}/admin/workflows/pilotschedule/{schedule.pk}/change/")
+    page.click("#pilot-schedule-runs")
+    page.wait_for_selector("#result_list")
+    assert page.locator(f'#result_list a[href*="{run.pk}"]').count() >= 1
     assert page.failures == []

@@ -32,6 +32,7 @@ from django.db.models.functions import Coalesce
 from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
 from workflows.admin.audit import action_message, console_action_log
@@ -40,7 +41,7 @@ from workflows.admin.deliveries import can_resend
 from workflows.admin.forms import ReasonForm
 from workflows.admin.guard import GuardedChangelist
 from workflows.admin.paging import EstimatedCountPaginator, UnfilteredShowsNoShowAll
-from workflows.admin.text import state_badge, timestamp
+from workflows.admin.text import seconds_text, state_badge, timestamp
 from workflows.engine import delivery_resend
 from workflows.models import ClientWebhook, DeliveryState, Task, WebhookDelivery, WebhookEndpoint
 from workflows.models.webhook import FAILING_DELIVERY
@@ -189,9 +190,11 @@ class WebhookDeliveryAdmin(GuardedChangelist, admin.ModelAdmin):
         return HttpResponseRedirect(reverse("admin:workflows_task_change",
                                             args=[delivery.task_id]))
 
-    @admin.display(description="webhook-id")
+    @admin.display(description="event")
     def message(self, obj):
-        return format_html("<code>{}</code>", obj.message_id)
+        # The task column carries the id; the whole webhook-id on hover.
+        return format_html('<code title="webhook-id {}">{}:{}</code>', obj.message_id,
+                           obj.task_state, obj.restarts)
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj):
@@ -219,18 +222,23 @@ class WebhookDeliveryAdmin(GuardedChangelist, admin.ModelAdmin):
     def last_answer(self, obj):
         if not obj.attempts:
             return "–"
-        answer = f"HTTP {obj.last_status}" if obj.last_status else "none"
-        return format_html('<span class="pilot-wrap" title="{}">{}{}</span>', obj.last_error,
-                           answer, f" — {obj.last_error[:80]}" if obj.last_error else "")
+        # The error names the status already ("HTTP 500: …"); a bare status otherwise.
+        answer = obj.last_error or (f"HTTP {obj.last_status}" if obj.last_status else "none")
+        return format_html('<span class="pilot-wrap" title="{}">{}</span>', obj.last_error,
+                           answer[:80])
 
     @admin.display(description="last attempt (UTC)", ordering="last_attempt_at")
     def last_attempt(self, obj):
         return timestamp(obj.last_attempt_at, ms=False)
 
-    @admin.display(description="next attempt (UTC)")
+    @admin.display(description="next attempt")
     def next_attempt(self, obj):
-        return timestamp(obj.next_attempt_at, ms=False) \
-            if obj.state == DeliveryState.PENDING else "–"
+        if obj.state != DeliveryState.PENDING:
+            return "–"
+        # Relative, the ISO time on hover (this process's clock: a display only).
+        wait = (obj.next_attempt_at - timezone.now()).total_seconds()
+        return format_html('<span title="{}">{}</span>', timestamp(obj.next_attempt_at),
+                           f"in {seconds_text(wait)}" if wait > 0 else "due")
 
     @admin.action(description="Re-send selected deliveries…", permissions=["resend"])
     def resend_selected(self, request, queryset):
