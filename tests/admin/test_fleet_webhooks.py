@@ -97,8 +97,22 @@ def test_the_list_filters_by_health_endpoint_and_client_newest_first(looker, fle
     assert failing_ids[0] in by_client and str(fleet["healthy"].pk)[:8] not in by_client
 
 
+def test_the_list_pages_by_keyset_newest_first(looker, fleet, monkeypatch):
+    from workflows.admin.fleet_webhooks import WebhookDeliveryAdmin
+
+    monkeypatch.setattr(WebhookDeliveryAdmin, "list_per_page", 2)
+    ids = list(WebhookDelivery.objects.order_by("-id").values_list("pk", "task_id"))
+    first = looker.get(LIST_URL).content.decode()
+    assert f"?before={ids[1][0]}" in first and "« newest" not in first
+    assert str(ids[0][1])[:8] in first and str(ids[2][1])[:8] not in first
+    older = looker.get(LIST_URL, {"before": str(ids[1][0])}).content.decode()
+    assert str(ids[2][1])[:8] in older and str(ids[0][1])[:8] not in older
+    assert "« newest" in older and "older »" not in older  # the last page
+
+
 @pytest.mark.parametrize("query", ["health=%00", "owner=abc", "owner=" + "9" * 30,
-                                   "endpoint=" + "x" * 300, "state__regex=.", "secret=1"])
+                                   "endpoint=" + "x" * 300, "state__regex=.", "secret=1",
+                                   "before=abc", "before=" + "9" * 30, "before=%00"])
 def test_a_hostile_filter_is_refused_with_a_message_never_a_500(looker, query):
     response = looker.get(f"{LIST_URL}?{query}", follow=True)
     assert response.status_code == 200

@@ -27,6 +27,7 @@ from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.views.main import ALL_VAR, ORDER_VAR
 from django.db.models import Count, Max, Min, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpResponseRedirect
@@ -41,7 +42,7 @@ from workflows.admin.deliveries import can_resend
 from workflows.admin.forms import ReasonForm
 from workflows.admin.guard import GuardedChangelist
 from workflows.admin.paging import EstimatedCountPaginator, UnfilteredShowsNoShowAll
-from workflows.admin.text import seconds_text, state_badge, timestamp
+from workflows.admin.text import count_text, seconds_text, state_badge, timestamp
 from workflows.engine import delivery_resend
 from workflows.models import ClientWebhook, DeliveryState, Task, WebhookDelivery, WebhookEndpoint
 from workflows.models.webhook import FAILING_DELIVERY
@@ -141,8 +142,48 @@ class ClientFilter(admin.SimpleListFilter):
         if not value:
             return queryset
         if not (value.isascii() and value.isdigit() and len(value) <= 18):
-            return queryset.none()
+            return queryset.filter(id__lt=0)  # nobody (not .none(): the count compiles SQL)
         return queryset.filter(owner_id=int(value))
+
+
+class OlderThan(admin.SimpleListFilter):
+    """The list's position, `?before=<id>` of the last row shown: the next
+    page is `id < before`, an index range that stops after one page — page
+    100 costs what page 1 does (Django's pages are OFFSETs). Its box shows
+    only on an older page (Django applies only filters that show)."""
+
+    title = "position"
+    parameter_name = "before"
+
+    def lookups(self, request, model_admin):
+        value = self.value()
+        return [(value, f"older than delivery {value}")] if value else []
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if not value:
+            return queryset
+        if not (value.isascii() and value.isdigit() and len(value) <= 18):
+            return queryset.filter(id__lt=0)  # nobody (not .none(): the count compiles SQL)
+        return queryset.filter(id__lt=int(value))
+
+
+class DeliveryChangeList(UnfilteredShowsNoShowAll):
+    """Newest first by keyset: links to the newest page and the next older
+    one instead of numbered pages, in the default order."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        self.pilot_keyset = (ORDER_VAR not in self.params and ALL_VAR not in self.params
+                             and self.page_num <= 1)
+        if not self.pilot_keyset:
+            return
+        self.pilot_count = count_text(self.result_count, self.paginator.exact)
+        self.pilot_newer_url = (self.get_query_string(remove=[OlderThan.parameter_name])
+                                if OlderThan.parameter_name in self.params else None)
+        rows = list(self.result_list)
+        self.pilot_older_url = (self.get_query_string({OlderThan.parameter_name: rows[-1].pk})
+                                if len(rows) == self.list_per_page else None)
 
 
 @admin.register(WebhookDelivery)
@@ -150,7 +191,7 @@ class WebhookDeliveryAdmin(GuardedChangelist, admin.ModelAdmin):
     list_display = ["message", "state_badge", "task_link", "owner", "endpoint_link",
                     "attempts", "last_answer", "last_attempt", "next_attempt"]
     list_display_links = None  # a row links to its task; the delivery has no page of its own
-    list_filter = [HealthFilter, EndpointFilter, ClientFilter]
+    list_filter = [HealthFilter, EndpointFilter, ClientFilter, OlderThan]
     list_select_related = ["owner"]
     ordering = ["-id"]  # newest first, on the primary key or the filter's (…, id) index
     paginator = EstimatedCountPaginator
@@ -160,7 +201,7 @@ class WebhookDeliveryAdmin(GuardedChangelist, admin.ModelAdmin):
     actions = ["resend_selected"]
 
     def get_changelist(self, request, **kwargs):
-        return UnfilteredShowsNoShowAll
+        return DeliveryChangeList
 
     def has_view_permission(self, request, obj=None):
         return bool(request.user.is_active and request.user.is_staff

@@ -67,9 +67,8 @@ log = logging.getLogger("pilot.schedules")
 BATCH = 100  # schedules handled per pass at most (then `full`: run again at once)
 MAX_CATCH_UP = 100  # slots one schedule fires in one pass at most
 MAX_ERROR_LENGTH = 2000
-# Until the trigger sources have their own `schedule` value, scheduled runs are
-# recorded as `cli` (an operator-declared, non-API trigger); the key
-# `schedule:<name>:<slot>` says which schedule and slot.
+# Scheduled runs (and a Run now) are recorded with the source `schedule`; the
+# key `schedule:<name>:<slot>` (or `…:now-<token>`) says which schedule and slot.
 SCHEDULE_SOURCE = Source.SCHEDULE
 
 
