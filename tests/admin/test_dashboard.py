@@ -38,8 +38,8 @@ def test_the_dashboard_shows_counts_chart_stuck_tasks_and_failures(operator_clie
     assert totals == {"triggers": "6", "replays": "1", "successes": "3", "failures": "1",
                       "retries": "0"}
     assert html.count('data-series="') == 5 and "<svg" in html
-    past_lease = html.split('id="pilot-past-lease"')[1].split("</table>")[0]
-    assert str(stuck.pk)[:8] in past_lease
+    past_lease = html.split('id="pilot-stuck"')[1].split("</table>")[0]
+    assert f'data-task="{stuck.pk}"' in past_lease
     oldest = html.split('id="pilot-oldest-pending"')[1].split("</table>")[0]
     assert str(waiting.pk)[:8] in oldest
     failing = html.split('id="pilot-top-failing"')[1].split("</table>")[0]
@@ -101,9 +101,9 @@ def test_the_console_measures_time_by_the_database_clock(operator_client, owner,
     monkeypatch.setattr(timezone, "now", lambda: real() + timedelta(seconds=skew_seconds))
 
     html = operator_client.get(URL).content.decode()
-    past_lease = html.split('id="pilot-past-lease"')[1].split("</table>")[0]
-    assert str(stuck.pk)[:8] in past_lease
-    assert str(healthy.pk)[:8] not in past_lease
+    expired = re.findall(r'data-task="([^"]+)" data-worker-gone="\w+" data-lease-expired="true"',
+                         html)
+    assert expired == [str(stuck.pk)]  # the healthy one's lease has a minute left
 
     listed = operator_client.get("/admin/workflows/task/?q=healthy-one").content.decode()
     age = re.search(r'<td class="field-age"><span title="created [^"]+">([^<]+)</span>', listed)
