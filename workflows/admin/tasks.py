@@ -299,11 +299,11 @@ class TaskAdmin(admin.ModelAdmin):
     def changelist_view(self, request, extra_context=None):
         if not self.has_view_permission(request):
             raise PermissionDenied("The task list needs the permission workflows.view_task")
-        cleaned = blank_ranges_dropped(request.GET)
-        kept, problems = list_params_check(cleaned)
-        if problems or cleaned is not request.GET:
-            if problems:
-                messages.error(request, f"Filter ignored — {problems_text(problems)}.")
+        # The range form sends its empty boxes too: an empty one is no bound.
+        request.GET = blank_ranges_dropped(request.GET)
+        kept, problems = list_params_check(request.GET)
+        if problems:
+            messages.error(request, f"Filter ignored — {problems_text(problems)}.")
             query = kept.urlencode()
             return HttpResponseRedirect(request.path + (f"?{query}" if query else ""))
         query = request.GET.urlencode()
