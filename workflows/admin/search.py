@@ -28,10 +28,11 @@ import re
 import uuid
 from datetime import datetime, timedelta
 
-from django.db import connections
 from django.db.models import Q
 from django.db.models.fields.json import KeyTransform
 from django.http import QueryDict
+
+from workflows.database import is_postgresql
 
 PAYLOAD = re.compile(r"payload((?:\.[^.=\s]+)+)=(.*)", re.S)
 ERROR_PREFIX = "error:"
@@ -102,7 +103,7 @@ def _nested(path: tuple[str, ...], value) -> dict:
 
 
 def _payload_filter(queryset, term: PayloadTerm):
-    if connections[queryset.db].vendor == "postgresql":
+    if is_postgresql():
         match = Q()
         for value in term.values:
             match |= Q(payload__contains=_nested(term.path, value))
