@@ -38,6 +38,11 @@ def test_the_dashboard_shows_counts_chart_stuck_tasks_and_failures(operator_clie
     assert totals == {"triggers": "6", "replays": "1", "successes": "3", "failures": "1",
                       "retries": "0"}
     assert html.count('data-series="') == 5 and "<svg" in html
+    # Cards count tasks by state now, totals count events: each says so.
+    cards_say = html.split('id="pilot-cards-say">')[1].split("</span>")[0]
+    assert "tasks by their state now" in cards_say and "all time" in cards_say
+    totals_say = html.split('id="pilot-totals-say">')[1].split("</span>")[0]
+    assert "last 24 hours" in totals_say and "every move to failed" in totals_say
     past_lease = html.split('id="pilot-stuck"')[1].split("</table>")[0]
     assert f'data-task="{stuck.pk}"' in past_lease
     oldest = html.split('id="pilot-oldest-pending"')[1].split("</table>")[0]
