@@ -10,13 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs.blocks import checked_by
 from tests.support.procs import ROOT
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "client.md"
 
 
 def python_blocks() -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```$", PAGE.read_text(), flags=re.S | re.M)
+    """The quick start and the webhook recipe, as their markers name these tests."""
+    return [*checked_by(PAGE, "test_the_quick_start_runs_against_a_live_pilot"),
+            *checked_by(PAGE, "test_the_webhook_recipe_runs")]
 
 
 def run(code: str, **env) -> subprocess.CompletedProcess:

@@ -129,3 +129,11 @@ def marker_problems(block: Block) -> list[str]:
 
 def all_blocks() -> list[Block]:
     return [block for page in PAGES for block in blocks(page)]
+
+
+def checked_by(page: Path, test: str) -> list[str]:
+    """The code of the blocks of `page` whose `pilot:checked-by` names `test` (a
+    test function's name), in page order: a page test finds its blocks by the
+    marker that promises it runs them, so removing either breaks the test."""
+    return [block.code for block in blocks(page) if block.kind == "checked-by"
+            and block.options.partition("::")[2] == test]
