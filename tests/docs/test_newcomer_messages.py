@@ -14,6 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from tests.docs.conftest import developer_env
+from tests.local.conftest import skip_on_postgres
 from tests.support.procs import ROOT
 from workflows.models import PilotSchedule
 from workflows.registry import registry
@@ -93,6 +94,7 @@ def test_manage_py_without_a_secret_key_on_postgres_says_so_in_one_line():
         "manage.py: DJANGO_SECRET_KEY must be set (or DJANGO_DEBUG=true for a local run)"]
 
 
+@skip_on_postgres
 def test_manage_py_from_a_make_run_checkout_just_works(make_run_database):
     """schedules.md's first line, as written, on make run's kind of database."""
     database = make_run_database
