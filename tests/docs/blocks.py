@@ -9,10 +9,13 @@ the line before its fence (docs/testing.md, "Every doc block runs"):
   `make run`'s kind of database (a migrated SQLite file of the session); a python
   block in this process against the test database. Options: `env=NAME=value`
   (may repeat: what the doc tells the reader to set), `expect-exit=0,124` (the
-  exit codes that mean it worked; 0 by default), `stdout=TEXT` (a line the output
-  must hold; `_` stands for a space), `venv=active` (the reader's virtualenv is
-  active, so `python` is the project's: embedding.md's own project; otherwise
-  `python` on PATH is the system's, as in a new terminal).
+  exit codes that mean it worked; 0 by default), `stdout="TEXT"` (may repeat: text
+  the output must hold), `venv=active` (the reader's virtualenv is active, so
+  `python` is the project's: embedding.md's own project; otherwise `python` on
+  PATH is the system's, as in a new terminal), `server` (it talks to `make run`:
+  one real make run of the session — the reader's pasted `TOKEN=` line gets its
+  token, `127.0.0.1:8000` its port, and PILOT_URL / PILOT_TOKEN are set; a python
+  block then runs as its own process).
 - `<!-- pilot:checked-by tests/…/test_x.py[::test_name] -->` — a test of its own
   runs it and asserts more than an exit code (it reads this page).
 - `<!-- pilot:not-run: why -->` — it cannot run here (a production deploy, a
@@ -62,9 +65,13 @@ class Block:
 
     def run_options(self) -> dict:
         """The `pilot:run` options: {"env": {...}, "expect_exit": {...}, "stdout": [...]}."""
-        found: dict = {"env": {}, "expect_exit": {0}, "stdout": [], "venv": False}
+        found: dict = {"env": {}, "expect_exit": {0}, "stdout": [], "venv": False,
+                       "server": False}
         for word in shlex.split(self.options):
             name, eq, value = word.partition("=")
+            if word == "server":
+                found["server"] = True
+                continue
             if not eq:
                 raise MarkerError(f"{self.id}: option {word!r} has no value")
             if name == "env":
@@ -77,7 +84,7 @@ class Block:
             elif name == "venv" and value == "active":
                 found["venv"] = True
             elif name == "stdout":
-                found["stdout"].append(value.replace("_", " "))
+                found["stdout"].append(value)
             else:
                 raise MarkerError(f"{self.id}: unknown option {name!r}")
         return found

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.local.conftest import _TEST_ONLY
-from tests.support.procs import ROOT
+from tests.local.conftest import _TEST_ONLY, LocalRun, local_run_start, local_run_stop
 
 VENV_BIN = str(Path(sys.executable).parent)
 
@@ -29,12 +28,18 @@ def developer_env(*, venv: bool = False) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def make_run_database(tmp_path_factory) -> str:
-    """A migrated SQLite file, as `make run` leaves db.sqlite3 (made on first use,
-    once per session: migrating takes seconds)."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('make-run') / 'db.sqlite3'}"
-    done = subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT,
-                          env={**developer_env(), "DATABASE_URL": url},
-                          capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr
-    return url
+def make_run_server(tmp_path_factory) -> Iterator[LocalRun]:
+    """One real `make run` (bin/run-local: web server, workers, dispatcher on its own
+    SQLite file and a free port) for the whole session, started on first use: the
+    doc blocks that need a server, or make run's database, share it."""
+    runs: list[LocalRun] = []
+    try:
+        yield local_run_start(tmp_path_factory.mktemp("make-run"), runs)
+    finally:
+        local_run_stop(runs)
+
+
+@pytest.fixture(scope="session")
+def make_run_database(make_run_server) -> str:
+    """make run's database, as `manage.py` in its checkout finds it."""
+    return f"sqlite:///{make_run_server.database}"

@@ -6,7 +6,9 @@ says why. A broken block, or one with no marker, fails."""
 
 from __future__ import annotations
 
+import re
 import subprocess
+import sys
 
 import pytest
 from django.conf import settings
@@ -22,15 +24,29 @@ def on_postgres() -> bool:
     return settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 
 
-def run_shell(block: Block, request) -> subprocess.CompletedProcess:
-    """bash -e in the project directory; a block that calls manage.py finds make
-    run's database (the session's migrated SQLite file) as make run leaves it."""
+def as_against(script: str, server) -> str:
+    """The reader's one edit (pasting the token make run printed) and this run's port."""
+    script = re.sub(r"^TOKEN=\S+$", f"TOKEN={server.token}", script, flags=re.M)
+    return script.replace("127.0.0.1:8000", f"127.0.0.1:{server.port}")
+
+
+def run_process(block: Block, request) -> subprocess.CompletedProcess:
+    """A shell block with bash -e, or a python `server` block with this Python, in
+    the project directory. One that calls manage.py finds make run's database, as
+    in a second terminal beside it; a `server` one talks to the session's make run."""
     options = block.run_options()
     env = {**developer_env(venv=options["venv"]), **options["env"]}
-    if "manage.py" in block.script():
+    script = block.script()
+    if "manage.py" in script or options["server"]:
         env["DATABASE_URL"] = request.getfixturevalue("make_run_database")
-    return subprocess.run(["bash", "-e", "-c", block.script()], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    if options["server"]:
+        server = request.getfixturevalue("make_run_server")
+        env.update({"PILOT_URL": server.url, "PILOT_TOKEN": server.token})
+        script = as_against(script, server)
+    args = [sys.executable, "-c", script] if block.language == "python" else \
+        ["bash", "-e", "-c", script]
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
 
 
 def run_python(block: Block, capsys) -> str:
@@ -49,12 +65,12 @@ def run_python(block: Block, capsys) -> str:
 def check(block: Block, request, capsys) -> None:
     """Run `block` as its marker says; an AssertionError says what went wrong."""
     options = block.run_options()
-    if block.language == "python":
+    if block.language == "python" and not options["server"]:
         assert options["env"] == {} and options["expect_exit"] == {0}, \
-            f"{block.id}: env and expect-exit are for shell blocks"
+            f"{block.id}: env and expect-exit are for blocks run as processes"
         out = run_python(block, capsys)
     else:
-        done = run_shell(block, request)
+        done = run_process(block, request)
         assert done.returncode in options["expect_exit"], (
             f"{block.id} exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}"
             f"\n--- stderr\n{done.stderr[-3000:]}")
@@ -71,8 +87,9 @@ def test_every_block_of_the_page_has_a_valid_marker(page):
 @pytest.mark.django_db
 @pytest.mark.parametrize("block", RUN, ids=lambda b: b.id)
 def test_the_block_runs_as_written(block, request, capsys):
-    if block.language != "python" and on_postgres():
-        pytest.skip("a shell block runs on make run's SQLite file: once, in the SQLite pass")
+    if (block.language != "python" or block.run_options()["server"]) and on_postgres():
+        pytest.skip("make run is SQLite whatever the suite's database: once, in the SQLite "
+                    "pass")
     check(block, request, capsys)
 
 
@@ -116,6 +133,12 @@ make run
 ```sh
 exit 3
 ```
+
+<!-- pilot:run server stdout='"results":[' -->
+```sh
+TOKEN=pilot_paste_yours_here
+curl -sf http://127.0.0.1:8000/api/v1/tasks -H "Authorization: Token $TOKEN"
+```
 """
 
 
@@ -123,7 +146,7 @@ exit 3
 def test_a_broken_block_fails_and_an_unmarked_one_is_found(tmp_path, request, capsys):
     page = tmp_path / "page.md"
     page.write_text(BROKEN)
-    ok, failing_shell, failing_python, unmarked, no_reason, wrong_test, bad_option = \
+    ok, failing_shell, failing_python, unmarked, no_reason, wrong_test, bad_option, _ = \
         blocks(page)
     check(ok, request, capsys)
     with pytest.raises(AssertionError, match=r"page\.md:9 exited 1"):
@@ -141,3 +164,20 @@ def test_a_broken_block_fails_and_an_unmarked_one_is_found(tmp_path, request, ca
     ok.options = "stdout=goodbye"
     with pytest.raises(AssertionError, match="'goodbye' not in its output"):
         check(ok, request, capsys)
+
+
+@pytest.mark.django_db
+def test_a_server_block_gets_make_runs_token_and_port_and_fails_without(
+        tmp_path, request, capsys):
+    if on_postgres():
+        pytest.skip("make run is SQLite whatever the suite's database: once, in the SQLite "
+                    "pass")
+    page = tmp_path / "page.md"
+    page.write_text(BROKEN)
+    against_make_run = blocks(page)[-1]
+    check(against_make_run, request, capsys)  # the pasted token and the port: 200
+    against_make_run.options = against_make_run.options.replace("server ", "")
+    # Without it, curl meets nothing on port 8000 (7), or a server that refuses the
+    # unpasted token (22): the block fails either way.
+    with pytest.raises(AssertionError, match=r"exited (7|22)\b"):
+        check(against_make_run, request, capsys)
