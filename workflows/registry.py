@@ -62,6 +62,15 @@ SCHEDULE_MISSED_POLICIES = ("skip", "run_once", "catch_up")
 SCHEDULE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
+def unknown_workflow_message(name) -> str:
+    """"No workflow is registered as …", naming the setting that registers it
+    when it is one of the demo workflows (workflows/demo, PILOT_DEMO_WORKFLOWS)."""
+    message = f"No workflow is registered as {name!r}"
+    if isinstance(name, str) and name.startswith("demo."):
+        message += " (the demo workflows are registered only with PILOT_DEMO_WORKFLOWS=true)"
+    return message
+
+
 @dataclasses.dataclass(frozen=True)
 class Schedule:
     """A schedule declared in code (`define_workflow(..., schedule=...)`).
@@ -478,7 +487,7 @@ class Registry:
         there is none."""
         workflow = self.find(name)
         if workflow is None:
-            raise UnknownWorkflow(f"No workflow is registered as {name!r}")
+            raise UnknownWorkflow(unknown_workflow_message(name))
         return workflow
 
     def find(self, name, version: int | None = None) -> Workflow | None:

@@ -14,6 +14,10 @@ against a live server (PostgreSQL), with a real `qcluster` and
 - with the fair-share cap at 1, a task held by its client's cap says so on
   its page, in the list and on Workers & queue, and a failed task lists each
   attempt with its traceback;
+- a payload search finds an order's task; a filter-wide retry names the
+  client, groups the errors and gives the fresh budget; the progress page
+  shows no Start while its script runs the job; every header link reads at
+  4.5:1 or better in the light and dark themes;
 - webhooks failing across tasks show on the dashboard and in the deliveries
   list, whose bulk Re-send shows its dry run first; a task page with webhook
   attempts fits 390 px; a schedule runs now from its page and its runs link
@@ -646,4 +650,105 @@ def test_failing_webhooks_fleet_wide_and_a_schedule_run_now_from_its_page(
     page.click("#pilot-schedule-runs")
     page.wait_for_selector("#result_list")
     assert page.locator(f'#result_list a[href*="{run.pk}"]').count() >= 1
+    assert page.failures == []
+
+
+CONTRAST = """(selectors) => {
+    // WCAG contrast of each visible link against the first opaque background behind it.
+    const rgb = (text) => text.match(/[\\d.]+/g).map(Number);
+    const lum = ([r, g, b]) => {
+        const c = [r, g, b].map(v => {
+            v /= 255;
+            return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+        });
+        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2];
+    };
+    const behind = (el) => {
+        for (; el; el = el.parentElement) {
+            const bg = getComputedStyle(el).backgroundColor;
+            const parts = rgb(bg);
+            if (parts.length === 3 || parts[3] > 0) return parts.slice(0, 3);
+        }
+        return [255, 255, 255];
+    };
+    return [...document.querySelectorAll(selectors)].filter(a => a.offsetParent).map(a => {
+        const [fg, bg] = [lum(rgb(getComputedStyle(a).color)), lum(behind(a))];
+        const ratio = (Math.max(fg, bg) + 0.05) / (Math.min(fg, bg) + 0.05);
+        return {text: a.textContent.trim(), ratio: ratio};
+    });
+}"""
+HEADER_LINKS = "#header a, .module h2 a, .module caption a"
+
+
+def test_find_a_task_by_payload_retry_its_filter_with_no_surprises_and_read_every_header(
+        live_server, signed_in, operator_user, django_user_model):
+    """Issue 32, points 3-5 in one walk: the payload search finds the order's
+    task; the filter-wide retry of a client's failures names the client,
+    groups the errors and gives the fresh budget; the progress page offers no
+    Start while its script runs the job; and every header link reads at
+    4.5:1 or better on the dashboard and Workers & queue in both themes."""
+    page = signed_in
+    client = django_user_model.objects.create_user("partner-x")
+    now = timezone.now()
+    errors = ["RetryableError: merchant API said 502", "TimeoutError: ledger took 30 s"]
+    Task.objects.bulk_create([
+        Task(owner=client, idempotency_key=f"order-{i}", workflow="demo.echo",
+             payload={"order_id": 4000 + i, "shop": {"id": f"shop-{i % 3}"}},
+             fingerprint=fingerprint("demo.echo", {"order_id": 4000 + i}), state=S.FAILED,
+             error=errors[i % 4 == 0], error_type="RetryableError", attempts=3,
+             max_attempts=3, created_at=now, updated_at=now, finished_at=now)
+        for i in range(260)])
+
+    page.goto(f"{live_server.url}/admin/workflows/task/")
+    page.fill("#searchbar", "payload.order_id=4242")
+    page.press("#searchbar", "Enter")
+    page.wait_for_selector("#pilot-view-link")
+    keys = page.locator("td.field-key_short span").all_inner_texts()
+    assert keys == ["order-242"], keys
+    assert "q=payload.order_id%3D4242" in page.locator("#pilot-view-link").get_attribute("href")
+    page.click("#pilot-range summary")  # the time range's boxes and presets, in the picture
+    assert page.locator("#pilot-range-form").is_visible()
+    shot(page, "list-payload-search", docs=True)
+
+    page.goto(f"{live_server.url}/admin/workflows/task/?owner={client.pk}&state__exact=failed")
+    page.click("a[data-filter-action='retry']")
+    page.wait_for_selector("#pilot-bulk-outlook")
+    assert page.locator('code[data-filter="owner"]').inner_text() == "owner=partner-x"
+    rows = page.locator("#pilot-bulk-errors tbody tr").all_inner_texts()
+    assert [r.split("\t") for r in rows] == [["195", errors[0]], ["65", errors[1]]], rows
+    assert page.locator("#pilot-bulk-budgets [data-budget]").inner_text() == "3"
+    assert "behind 0 due task(s)" in page.locator("#pilot-bulk-when").inner_text()
+    shot(page, "bulk-retry-dryrun", docs=True)
+
+    # While the script runs the chunks, Start is never on screen beside "working…".
+    page.add_init_script("""document.addEventListener("DOMContentLoaded", () => {
+        const state = document.getElementById("pilot-bulk-state");
+        const button = document.getElementById("pilot-continue");
+        if (!state || !button) return;
+        const seen = () => sessionStorage.setItem("pilot-seen", JSON.stringify([
+            ...JSON.parse(sessionStorage.getItem("pilot-seen") || "[]"),
+            [state.textContent, button.offsetParent !== null, button.value]]));
+        new MutationObserver(seen).observe(state, {childList: true, characterData: true,
+                                                   subtree: true});
+    });""")
+    page.fill("#id_reason", "partner-x fixed its merchant API")
+    page.click("#pilot-confirm")
+    page.wait_for_url("**/bulk/retry/done/**", timeout=60_000)
+    seen = page.evaluate("JSON.parse(sessionStorage.getItem('pilot-seen') || '[]')")
+    working = [s for s in seen if s[0] == "working…"]
+    assert working and not any(visible for _, visible, _ in working), seen
+    assert "260</strong> of 260 task(s) changed" in page.content()
+    assert Task.objects.filter(owner=client, state=S.PENDING).count() == 260
+
+    for scheme in ("light", "dark"):
+        page.emulate_media(color_scheme=scheme)
+        for path in ("dashboard/", "workers/"):
+            page.goto(f"{live_server.url}/admin/workflows/task/{path}")
+            links = page.evaluate(CONTRAST, HEADER_LINKS)
+            assert any(link["text"] == "Workers & queue" for link in links) or path == "workers/"
+            poor = [link for link in links if link["ratio"] < 4.5]
+            assert not poor, (scheme, path, poor)
+    page.emulate_media(color_scheme="light")
+    page.goto(f"{live_server.url}/admin/workflows/task/dashboard/")
+    shot(page, "dashboard-light-header")
     assert page.failures == []

@@ -38,8 +38,13 @@ def test_the_dashboard_shows_counts_chart_stuck_tasks_and_failures(operator_clie
     assert totals == {"triggers": "6", "replays": "1", "successes": "3", "failures": "1",
                       "retries": "0"}
     assert html.count('data-series="') == 5 and "<svg" in html
-    past_lease = html.split('id="pilot-past-lease"')[1].split("</table>")[0]
-    assert str(stuck.pk)[:8] in past_lease
+    # Cards count tasks by state now, totals count events: each says so.
+    cards_say = html.split('id="pilot-cards-say">')[1].split("</span>")[0]
+    assert "tasks by their state now" in cards_say and "all time" in cards_say
+    totals_say = html.split('id="pilot-totals-say">')[1].split("</span>")[0]
+    assert "last 24 hours" in totals_say and "every move to failed" in totals_say
+    past_lease = html.split('id="pilot-stuck"')[1].split("</table>")[0]
+    assert f'data-task="{stuck.pk}"' in past_lease
     oldest = html.split('id="pilot-oldest-pending"')[1].split("</table>")[0]
     assert str(waiting.pk)[:8] in oldest
     failing = html.split('id="pilot-top-failing"')[1].split("</table>")[0]
@@ -103,9 +108,9 @@ def test_the_console_measures_time_by_the_database_clock(operator_client, owner,
     monkeypatch.setattr(timezone, "now", lambda: real() + timedelta(seconds=skew_seconds))
 
     html = operator_client.get(URL).content.decode()
-    past_lease = html.split('id="pilot-past-lease"')[1].split("</table>")[0]
-    assert str(stuck.pk)[:8] in past_lease
-    assert str(healthy.pk)[:8] not in past_lease
+    expired = re.findall(r'data-task="([^"]+)" data-worker-gone="\w+" data-lease-expired="true"',
+                         html)
+    assert expired == [str(stuck.pk)]  # the healthy one's lease has a minute left
 
     listed = operator_client.get("/admin/workflows/task/?q=healthy-one").content.decode()
     age = re.search(r'<td class="field-age"><span title="created [^"]+">([^<]+)</span>', listed)

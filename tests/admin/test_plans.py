@@ -72,6 +72,9 @@ def pages(history, client):
         "list owner": {"owner": str(history.pk)},
         "list waiting for a signal": {"waiting_for": "signal"},
         "list created in the last hour": {"created_at__gte": hour_ago},
+        "list finished in the last hour": {"finished_at__gte": hour_ago},
+        "payload search": {"q": "payload.oref=4242"},
+        "payload search, text": {"q": "payload.user=cust-17"},
         "key search": {"q": "ord-000004242"},
         "key prefix search": {"q": "ord-00000"},
         "id search": {"q": str(failed.pk)},
@@ -106,10 +109,12 @@ def assert_no_scans(history, client, names) -> None:
 
 def test_no_list_search_task_page_workers_or_scrape_scans_history(history, operator_client,
                                                                   settings):
+    """And the payload search's containment is served by its GIN index."""
     settings.PILOT_METRICS_TASKS_TTL = 0  # every scrape reads the database
     names = [n for n in pages(history, operator_client) if n not in DASHBOARD]
-    assert len(names) == 17
+    assert len(names) == 20
     assert_no_scans(history, operator_client, names)
+    assert_payload_search_uses_its_index()
 
 
 def test_the_dashboard_does_not_scan_history_once_its_activity_is_folded(history,
@@ -122,6 +127,21 @@ def test_the_dashboard_does_not_scan_history_once_its_activity_is_folded(history
     while folded_until() is None or folded_until() < minute_of(timezone.now()):
         fold(timezone.now())
     assert_no_scans(history, operator_client, DASHBOARD)
+
+
+def assert_payload_search_uses_its_index() -> None:
+    """`payload.oref=4242` (a number, so the text "4242" too): two containments,
+    each a bitmap scan of pilot_task_payload_gin_idx (migration 0030). Called by
+    the test above, to share its history (filling one costs seconds)."""
+    from workflows.admin.search import search_tasks
+
+    query = search_tasks(Task.objects.all(), "payload.oref=4242").values_list("pk")
+    sql, params = query.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN {sql}", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "pilot_task_payload_gin_idx" in plan and "Seq Scan" not in plan, plan
+    assert [str(pk) for pk, in query] == [str(Task.objects.get(idempotency_key="ord-000004242").pk)]
 
 
 def test_the_check_sees_a_scan_of_history():

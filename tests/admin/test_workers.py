@@ -69,9 +69,15 @@ def test_the_panel_shows_each_worker_busy_or_idle_and_what_it_runs(cluster, owne
     worker = html.split('data-worker="node-a:111" data-task=')[1].split("</tr>")[0]
     assert 'data-worker-state="busy"' in worker and "demo.slow" in worker and "s1" in worker
     assert 'data-worker="node-a:222"' in html and 'data-worker-state="idle"' in html
-    assert str(ghost.pk)[:8] in html.split("no cluster reports")[1]
+    assert str(ghost.pk)[:8] in html.split('id="pilot-stuck"')[1]
     dashboard = operator_client.get("/admin/workflows/task/dashboard/").content.decode()
     assert 'data-workers-busy="1">1 of 2</strong> worker(s) busy' in dashboard
+    # One truth: the dashboard names the same stuck task, for the same reason.
+    for page in (html, dashboard):
+        stuck = page.split('id="pilot-stuck"')[1].split("</table>")[0]
+        assert f'data-task="{ghost.pk}" data-worker-gone="true"' in stuck
+        assert f'data-task="{busy.pk}"' not in stuck
+        assert "its worker is in no live cluster&#x27;s report" in stuck
 
 
 def test_no_cluster_reporting_is_said_plainly(operator_client):
@@ -105,3 +111,23 @@ def test_the_panel_needs_view_all_tasks_and_says_so(django_user_model):
     response = client.get(URL)
     assert response.status_code == 403
     assert "workflows.view_all_tasks" in response.content.decode()
+
+
+def test_stuck_is_one_rule_a_lease_run_out_or_a_worker_no_cluster_reports(owner):
+    from types import SimpleNamespace
+
+    from workflows.admin.workers import tasks_stuck
+
+    now = timezone.now()
+
+    def leased(owner_name, lease_left):
+        return SimpleNamespace(pk=owner_name, lease_owner=owner_name, started_at=now,
+                               lease_expires_at=now + timedelta(seconds=lease_left))
+
+    alive, dead, late = leased("node-a:1", 30), leased("node-z:9", 30), leased("node-a:2", -5)
+    stuck = tasks_stuck(now, [alive, dead, late], {"node-a:1", "node-a:2"})
+    assert [(s.task.pk, s.worker_gone, s.lease_expired) for s in stuck] == [
+        ("node-a:2", False, True), ("node-z:9", True, False)]
+    assert stuck[0].text == "its lease ran out"
+    # The clusters' status unreadable: nobody can say a worker is gone, the lease still decides.
+    assert [s.task.pk for s in tasks_stuck(now, [alive, dead, late], None)] == ["node-a:2"]

@@ -43,6 +43,7 @@ def test_a_mixed_batch_answers_item_by_item_in_order(api):
     assert results[0]["task"]["id"] == results[3]["task"]["id"]
     assert results[1]["task"]["result"] == {"ok": True} and results[1]["replayed"] is True
     assert "state" in results[9]["errors"]
+    assert "a batch item: its idempotency_key" in results[6]["detail"]  # names the item's field
     assert set(results[8]["errors"]["payload"]) == {"batch", "count"}
     assert queued_task_ids() == [results[0]["task"]["id"]]
 

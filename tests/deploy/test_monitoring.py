@@ -85,6 +85,38 @@ def test_the_alert_rules_cover_what_an_operator_must_be_woken_for():
         assert isinstance(rule["expr"], str) and rule["expr"].strip()
 
 
+CONSOLE_BASE = "{{ $externalLabels.pilot_console_url }}"
+DOCS_BASE = "{{ $externalLabels.pilot_docs_url }}"
+
+
+@pytest.mark.django_db
+def test_every_alert_links_to_a_console_view_that_exists_and_to_its_runbook(
+        admin_client):
+    """Each alert's `dashboard` is a console page (a filter the list accepts,
+    or a page that answers) under the configurable base, and its
+    `runbook_url` the section of docs/operations.md that explains the links."""
+    from urllib.parse import urlsplit
+
+    from django.http import QueryDict
+
+    from workflows.admin.list_params import list_params_check
+
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    for rule in rules():
+        notes = rule["annotations"]
+        assert notes["dashboard"].startswith(CONSOLE_BASE + "/admin/"), rule["alert"]
+        link = urlsplit(notes["dashboard"][len(CONSOLE_BASE):])
+        _, problems = list_params_check(QueryDict(link.query))
+        assert not problems, (rule["alert"], problems)
+        assert admin_client.get(f"{link.path}?{link.query}").status_code == 200, rule["alert"]
+        if link.fragment:
+            page = admin_client.get(link.path).content.decode()
+            assert f'id="{link.fragment}"' in page, rule["alert"]
+        doc, _, anchor = notes["runbook_url"][len(DOCS_BASE) + 1:].partition("#")
+        assert notes["runbook_url"].startswith(DOCS_BASE + "/") and doc == "operations.md"
+        assert "## " + anchor.replace("-", " ").capitalize() in operations, anchor
+
+
 def test_the_dashboard_is_a_well_formed_grafana_dashboard():
     board = json.loads(DASHBOARD.read_text())
     assert board["uid"] and board["title"] and board["schemaVersion"] >= 30

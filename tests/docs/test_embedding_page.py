@@ -4,25 +4,21 @@ raises with its code."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
+from tests.docs.blocks import checked_by
 from tests.support.procs import ROOT
 from workflows.models import Task
 
 PAGE = ROOT / "docs" / "embedding.md"
 
 
-def python_block_after(heading: str) -> str:
-    section = PAGE.read_text().split(heading, 1)[1]
-    return re.search(r"^```python\n(.*?)^```$", section, flags=re.S | re.M).group(1)
 
 
 @pytest.mark.django_db
 def test_triggering_from_your_code_creates_once_replays_and_refuses(
         capsys, django_capture_on_commit_callbacks):
-    code = python_block_after("## Triggering from your code")
+    [code] = checked_by(PAGE, "test_triggering_from_your_code_creates_once_replays_and_refuses")
     with django_capture_on_commit_callbacks(execute=False) as sent:
         exec(compile(code, str(PAGE), "exec"), {})
     assert capsys.readouterr().out.splitlines() == ["created replayed True",
@@ -41,7 +37,7 @@ def test_the_logging_block_prints_pilots_events_as_json_lines():
     import subprocess
     import sys
 
-    code = python_block_after("## Logs")
+    [code] = checked_by(PAGE, "test_the_logging_block_prints_pilots_events_as_json_lines")
     # After django.setup(), which applies the suite's own LOGGING first.
     script = ("import django\ndjango.setup()\n" + code +
               "\nimport logging.config\nlogging.config.dictConfig(LOGGING)\n"

@@ -12,21 +12,22 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs.blocks import checked_by
 from tests.support.procs import ROOT, process_env
 from workflows.models import PilotSchedule, Task
 
 PAGE = ROOT / "docs" / "schedules.md"
 
 
-def blocks(language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```$", PAGE.read_text(), flags=re.S | re.M)
 
 
 @pytest.mark.postgres
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_console_session_creates_fires_lists_and_deletes_a_schedule():
-    commands = [line[2:] for line in blocks("console")[0].splitlines() if line.startswith("$ ")]
+    [session] = checked_by(
+        PAGE, "test_the_console_session_creates_fires_lists_and_deletes_a_schedule")
+    commands = [line[2:] for line in session.splitlines() if line.startswith("$ ")]
     assert len(commands) == 4 and commands[1].startswith("timeout -s INT 10 ")
     env = process_env(PILOT_LOG_STREAM="stderr", PILOT_LOG_LEVEL="warning")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -55,7 +56,7 @@ def test_the_code_declaration_is_written_by_the_sync():
     from workflows.engine.schedule_definitions import schedules_sync_declared
     from workflows.registry import registry
 
-    [code] = blocks("python")
+    [code] = checked_by(PAGE, "test_the_code_declaration_is_written_by_the_sync")
     try:
         exec(compile(code, str(PAGE), "exec"), {})
         assert schedules_sync_declared().created == ["acme.nightly_report"]

@@ -3,10 +3,9 @@ engine (run_workflow), approved, rejected and unanswered."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
+from tests.docs.blocks import checked_by
 from tests.support.procs import ROOT
 from workflows.models import DemoLedger
 from workflows.registry import registry
@@ -17,8 +16,7 @@ PAGE = ROOT / "docs" / "waiting.md"
 
 @pytest.fixture
 def refund():
-    [block] = re.findall(r"^```python\n(# shop/pilot_workflows.py\n.*?)^```$",
-                         PAGE.read_text(), flags=re.S | re.M)
+    [block] = checked_by(PAGE, "test_an_approved_refund_waits_then_pays_once")
     exec(compile(block, "shop/pilot_workflows.py", "exec"), {})
     yield registry.get("shop.refund")
     registry.unregister("shop.refund")

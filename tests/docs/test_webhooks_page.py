@@ -5,7 +5,6 @@ verification snippets check a real delivery."""
 
 from __future__ import annotations
 
-import re
 import socket
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import urllib.request
 
 import pytest
 
+from tests.docs.blocks import checked_by
 from tests.support.helpers import drain
 from tests.support.procs import ROOT, free_port, wait_until
 from tests.webhooks.receiver import Receiver
@@ -27,8 +27,8 @@ PAGE = ROOT / "docs" / "webhooks.md"
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def blocks(language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```$", PAGE.read_text(), flags=re.S | re.M)
+RECEIVER_TEST = ("test_the_receiver_accepts_a_real_delivery_recognises_a_resend_and_refuses_"
+                 "a_forgery")
 
 
 @pytest.fixture(autouse=True)
@@ -42,17 +42,18 @@ def _listening(port: int) -> bool:
 
 
 def test_the_page_has_its_examples():
-    python = blocks("python")
-    assert len(python) == 2
-    assert "verify_webhook(SECRET, self.headers, body)" in python[0]
-    assert "Webhook(SECRET).verify(body, headers)" in python[1]
+    [receiver] = checked_by(PAGE, RECEIVER_TEST)
+    [snippets] = checked_by(PAGE, "test_the_verification_snippets_accept_a_real_delivery")
+    assert "verify_webhook(SECRET, self.headers, body)" in receiver
+    assert "Webhook(SECRET).verify(body, headers)" in snippets
 
 
 def test_the_receiver_accepts_a_real_delivery_recognises_a_resend_and_refuses_a_forgery(
         owner, django_user_model):
     _, secret = client_webhook_ensure(owner)
     port = free_port()
-    receiver = subprocess.Popen([sys.executable, "-c", blocks("python")[0]], cwd=ROOT,
+    [code] = checked_by(PAGE, RECEIVER_TEST)
+    receiver = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
                                 env={"PATH": "/usr/bin:/bin", "PILOT_WEBHOOK_SECRET": secret,
                                      "PORT": str(port)},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -94,6 +95,7 @@ def test_the_verification_snippets_accept_a_real_delivery(owner):
         drain(lambda: WebhookDelivery.objects.filter(state="delivered").exists())
     [got] = capture.received
     names = {"SECRET": secret, "body": got.body, "headers": got.headers}
-    exec(compile(blocks("python")[1], str(PAGE), "exec"), names)
+    [snippets] = checked_by(PAGE, "test_the_verification_snippets_accept_a_real_delivery")
+    exec(compile(snippets, str(PAGE), "exec"), names)
     assert names["task"]["id"] == str(task.pk)
     assert names["valid"] is True

@@ -89,36 +89,48 @@ skip_on_postgres = pytest.mark.skipif(
     on_postgres(), reason="make run is SQLite-only; these run in `make test`'s SQLite pass")
 
 
+def local_run_start(directory: Path, runs: list[LocalRun], *, via_make: bool = False,
+                    **env_overrides) -> LocalRun:
+    """Start one `make run` (bin/run-local, or make itself) with its database and log
+    in `directory`; wait for its banner. Appended to `runs` (local_run_stop ends them)."""
+    port = free_port()
+    database = directory / f"db-{len(runs)}.sqlite3"
+    env = {k: v for k, v in os.environ.items() if k not in _TEST_ONLY}
+    env.update({"DATABASE_URL": f"sqlite:///{database}", "PILOT_PORT": str(port),
+                "PILOT_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"})
+    env.update({k: str(v) for k, v in env_overrides.items()})
+    # `-o .venv/.installed`: never reinstall the virtualenv from a test.
+    args = (["make", "--no-print-directory", "-o", ".venv/.installed", "run"] if via_make
+            else ["bin/run-local"])
+    log_path = directory / f"run-{len(runs)}.log"
+    with open(log_path, "wb") as log:
+        popen = subprocess.Popen([*AS_FROM_A_TERMINAL, *args], cwd=ROOT, env=env,
+                                 stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+    run = LocalRun(popen, port, database, log_path)
+    runs.append(run)
+    deadline = time.monotonic() + 60
+    while not (match := re.search(r"API token: (\S+)", run.log())):
+        if popen.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"make run did not come up:\n{run.log()[-4000:]}")
+        time.sleep(0.2)
+    run.token = match.group(1)
+    return run
+
+
 @pytest.fixture
 def local_run(tmp_path):
     runs: list[LocalRun] = []
 
     def start(*, via_make: bool = False, **env_overrides) -> LocalRun:
-        port = free_port()
-        database = tmp_path / f"db-{len(runs)}.sqlite3"
-        env = {k: v for k, v in os.environ.items() if k not in _TEST_ONLY}
-        env.update({"DATABASE_URL": f"sqlite:///{database}", "PILOT_PORT": str(port),
-                    "PILOT_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"})
-        env.update({k: str(v) for k, v in env_overrides.items()})
-        # `-o .venv/.installed`: never reinstall the virtualenv from a test.
-        args = (["make", "--no-print-directory", "-o", ".venv/.installed", "run"] if via_make
-                else ["bin/run-local"])
-        log_path = tmp_path / f"run-{len(runs)}.log"
-        with open(log_path, "wb") as log:
-            popen = subprocess.Popen([*AS_FROM_A_TERMINAL, *args], cwd=ROOT, env=env,
-                                     stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        run = LocalRun(popen, port, database, log_path)
-        runs.append(run)
-        deadline = time.monotonic() + 60
-        while not (match := re.search(r"API token: (\S+)", run.log())):
-            if popen.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"make run did not come up:\n{run.log()[-4000:]}")
-            time.sleep(0.2)
-        run.token = match.group(1)
-        return run
+        return local_run_start(tmp_path, runs, via_make=via_make, **env_overrides)
 
     yield start
+    local_run_stop(runs)
+
+
+def local_run_stop(runs: list[LocalRun]) -> None:
+    """SIGTERM each run, then SIGKILL whatever of its processes is still there, by PID."""
     for run in runs:
         leftovers = run.tree()
         if run.popen.poll() is None:

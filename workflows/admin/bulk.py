@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.auth import get_user_model
 from django.core import signing
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Q
+from django.db.models import Count, F, Q
+from django.db.models.functions import Substr
 from django.http import Http404, QueryDict
 from django.urls import reverse
 from django.utils import timezone
@@ -37,6 +40,10 @@ from django.utils.dateparse import parse_datetime
 from workflows.admin.actions import ACTIONS, OperatorAction, actions_apply, actions_plan
 from workflows.admin.audit import action_message, console_action_log
 from workflows.admin.list_params import MAX_OFFSET, list_params_check, problems_text
+from workflows.conf import pilot_settings
+from workflows.engine import client_shares
+from workflows.models import Task
+from workflows.registry import registry
 from workflows.rules.states import TaskState
 
 CHUNK = 200
@@ -141,6 +148,75 @@ def bulk_sample(action: OperatorAction, queryset) -> list:
     tasks = list(queryset.filter(state__in=APPLICABLE[transition_of(action)])
                  .select_related("owner").order_by("-created_at", "-pk")[:SAMPLE])
     return actions_plan(action, tasks)
+
+
+@dataclasses.dataclass
+class Outlook:
+    """What a filter-wide retry would meet: the errors it retries, the fresh
+    budget each task gets, and what stands before them once they are pending."""
+
+    errors: list          # [(error head, count)], most common first, at most TOP_ERRORS
+    errors_more: int      # tasks whose error is not among those shown
+    no_error: int         # tasks retried without an error (cancelled ones, mostly)
+    budgets: list         # [(workflow, version, count, max_attempts or None: gone)]
+    ahead: int            # due tasks already waiting for a worker
+    workers: int | None   # live workers (None: not known)
+    caps: list            # [(client, held, cap, count retried)] of clients with a cap
+    client_cap: int       # PILOT_MAX_RUNNING_PER_CLIENT (0: none)
+
+
+TOP_ERRORS = 5
+ERROR_HEAD = 200
+
+
+def bulk_outlook(action: OperatorAction, queryset, *, now: datetime,
+                 workers: Callable[[], int | None]) -> Outlook | None:
+    """For a retry: the retried tasks' errors grouped by their first ERROR_HEAD
+    characters, their workflows' fresh budgets (registry: the task's version),
+    the due tasks ahead of them and each of their clients' share (engine/why.py
+    `client_shares`, the engine's own count). Five GROUP BYs over the filter's
+    retryable tasks and one over the queue; None for a cancel."""
+    if transition_of(action) != "retry":
+        return None
+    retried = queryset.filter(state__in=APPLICABLE["retry"]).order_by()
+    heads = list(retried.exclude(error="").annotate(head=Substr("error", 1, ERROR_HEAD))
+                 .values("head").annotate(n=Count("*")).order_by("-n", "head")
+                 .values_list("head", "n")[:TOP_ERRORS + 1])
+    with_error = retried.exclude(error="").count()
+    shown = heads[:TOP_ERRORS]
+    budgets = []
+    for workflow, version, n in (retried.values("workflow", "version").annotate(n=Count("*"))
+                                 .order_by("workflow", "version")
+                                 .values_list("workflow", "version", "n")):
+        found = registry.find(workflow, version=version)
+        budgets.append((workflow, version, n, found.max_attempts if found else None))
+    due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
+    ahead = Task.objects.filter(due, state__in=[TaskState.PENDING, TaskState.RETRYING],
+                                attempts__lt=F("max_attempts")).count()
+    per_owner = dict(retried.values("owner_id").annotate(n=Count("*"))
+                     .values_list("owner_id", "n"))
+    client_cap = int(pilot_settings.PILOT_MAX_RUNNING_PER_CLIENT)
+    held = {owner_id: (h, cap) for owner_id, group, h, cap in client_shares() if not group}
+    users = get_user_model()
+    names = dict(users.objects.filter(pk__in=per_owner)
+                 .values_list("pk", users.USERNAME_FIELD)) if client_cap else {}
+    caps = sorted(((str(names.get(owner_id, owner_id)), held.get(owner_id, (0, client_cap))[0],
+                    client_cap, n) for owner_id, n in per_owner.items()),
+                  key=lambda row: (-row[1], row[0])) if client_cap else []
+    return Outlook(shown, with_error - sum(n for _, n in shown),
+                   retried.filter(error="").count(), budgets, ahead, workers(),
+                   caps[:10], client_cap)
+
+
+def filter_names(filters: QueryDict) -> list[tuple[str, str]]:
+    """The filter as an operator reads it: (name, value) with an owner's id
+    shown as its username (one query) — `owner=partner-x`, not `owner=6`."""
+    pairs = [(k, v) for k, values in filters.lists() for v in values]
+    ids = [v for k, v in pairs if k == "owner" and v.isascii() and v.isdigit() and len(v) < 19]
+    users = get_user_model()
+    names = ({str(pk): name for pk, name in users.objects.filter(pk__in=ids)
+              .values_list("pk", users.USERNAME_FIELD)} if ids else {})
+    return [(k, names.get(v, v) if k == "owner" else v) for k, v in pairs]
 
 
 def job_load(token: str, user) -> Job:

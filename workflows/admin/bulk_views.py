@@ -12,15 +12,19 @@ from workflows.admin.bulk import (
     CHUNK,
     BadFilter,
     bulk_action,
+    bulk_outlook,
     bulk_sample,
     bulk_summary,
+    filter_names,
     filtered_tasks,
     job_chunk,
     job_load,
     job_now,
     new_job,
 )
+from workflows.admin.clock import console_now
 from workflows.admin.forms import ReasonForm
+from workflows.admin.workers import live_workers
 
 MAX_REFUSALS_SHOWN = 100
 
@@ -67,7 +71,9 @@ def bulk_confirm_view(model_admin, request, action_name: str):
         action=action, summary=summary, would_change=would_change,
         total=sum(row.count for row in summary), chunk=CHUNK,
         plan=bulk_sample(action, queryset) if would_change else [],
-        filters=[(k, v) for k, values in filters.lists() for v in values],
+        outlook=bulk_outlook(action, queryset, now=console_now(), workers=live_workers)
+        if would_change else None,
+        filters=filter_names(filters),
         form=form, back_url=back_url))
 
 

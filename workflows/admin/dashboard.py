@@ -26,8 +26,9 @@ def require_view_all(request, page: str) -> None:
 
 def dashboard_context(now) -> dict:
     """Counts by state, activity per hour over 24 h (chart and table), workers
-    and queue, tasks past their lease, the oldest pending tasks, the tasks
-    waiting for a person, the top failing workflows and the webhooks failing."""
+    and queue with the stuck tasks (workers.tasks_stuck, as on Workers &
+    queue), the oldest pending tasks, the tasks waiting for a person, the
+    top failing workflows and the webhooks failing."""
     counts = task_counts_by_state()
     buckets = stats.activity_per_hour(now)
     totals = [(name, legend, colour, sum(getattr(b, name) for b in buckets))
@@ -44,7 +45,6 @@ def dashboard_context(now) -> dict:
         "series": SERIES,
         "totals": totals,
         "work": work_status(now, shares=False),
-        "past_lease": stats.tasks_past_lease(now),
         "oldest_pending": stats.tasks_oldest_pending(),
         "waiting_for_a_person": stats.tasks_waiting_for_a_person(),
         "top_failing": stats.workflows_top_failing(now),

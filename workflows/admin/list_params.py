@@ -21,6 +21,7 @@ from django.http import QueryDict
 from django.utils.dateparse import parse_date, parse_datetime
 
 from workflows.admin.paging import cursor_problem
+from workflows.admin.search import search_problem
 from workflows.rules.states import TaskState
 
 MAX_OFFSET = timedelta(hours=15, minutes=59)  # what PostgreSQL's timestamptz accepts
@@ -63,10 +64,6 @@ def moment_problem(value: str) -> str:
     return ""
 
 
-def _search(value: str) -> str:
-    return "is longer than 255 characters" if len(value) > 255 else ""
-
-
 def _anything(value: str) -> str:
     return ""
 
@@ -84,7 +81,7 @@ def _workflow(value: str) -> str:
 
 
 CHECKS = {
-    "q": _search,
+    "q": search_problem,
     "o": lambda v: "" if re.fullmatch(r"[0-9.\-]{0,50}", v) else "is not a column order",
     "p": _int_in(1, 10**9),
     "before": cursor_problem,
@@ -97,6 +94,8 @@ CHECKS = {
     "version": _int_in(1, 1_000_000),
     "created_at__gte": moment_problem,
     "created_at__lt": moment_problem,
+    "finished_at__gte": moment_problem,
+    "finished_at__lt": moment_problem,
     # 9998: Django's date hierarchy adds a year (or 32 days) to find the range's end.
     "created_at__year": _int_in(1, 9998),
     "created_at__month": _int_in(1, 12),

@@ -80,14 +80,6 @@ def activity_per_hour(now: datetime, *, hours: int = 24) -> list[ActivityBucket]
     return list(buckets.values())
 
 
-def tasks_past_lease(now: datetime, *, limit: int = 20) -> list[Task]:
-    """Running or cancelling tasks whose lease has expired (the worker is gone or
-    stuck; the dispatcher should recover them within a poll), longest overdue
-    first. Index: pilot_task_lease_expiry_idx."""
-    return list(Task.objects.expired_leases(now).select_related("owner")
-                .defer("payload", "result", "error").order_by("lease_expires_at")[:limit])
-
-
 def tasks_oldest_pending(*, limit: int = 10) -> list[Task]:
     """Pending tasks, oldest first: a long wait here means no worker is taking
     work. Index: pilot_task_state_created_idx."""

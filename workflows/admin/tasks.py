@@ -18,14 +18,13 @@ change through the engine instead.
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ALL_VAR, ORDER_VAR
 from django.core.exceptions import PermissionDenied
-from django.db.models import OuterRef, Q, Subquery
+from django.db.models import OuterRef, Subquery
 from django.db.models.functions import Substr
 from django.http import HttpResponseRedirect
 from django.urls import path, reverse
@@ -58,6 +57,12 @@ from workflows.admin.paging import (
     cursor_parse,
     cursor_text,
     older_than,
+)
+from workflows.admin.search import (
+    blank_ranges_dropped,
+    search_tasks,
+    time_range_context,
+    view_query,
 )
 from workflows.admin.task_page import task_page
 from workflows.admin.text import (
@@ -147,7 +152,9 @@ class TaskAdmin(admin.ModelAdmin):
                    ("created_at", admin.DateFieldListFilter)]
     # The search itself is get_search_results; this only turns the search box on.
     search_fields = ["idempotency_key"]
-    search_help_text = "A task id (or its first 8+ characters) or the start of an idempotency key."
+    search_help_text = ("A task id (or its first 8+ characters), payload.order_id=42 (a payload "
+                        "field; payload.a.b=x for nested keys), error:timeout (text in the last "
+                        "error) or the start of an idempotency key.")
     # No date_hierarchy: its links come from a DISTINCT date_trunc over every
     # matching task (4 s at 10 M); the created_at filter covers the same need.
     # No facets either: they are a COUNT per choice over the whole table.
@@ -192,20 +199,9 @@ class TaskAdmin(admin.ModelAdmin):
     # --- search ----------------------------------------------------------------------
 
     def get_search_results(self, request, queryset, search_term):
-        """A full UUID matches the id exactly; 8+ hex characters also match an id
-        prefix; anything matches the start of a key (case-sensitive, like keys)."""
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        try:
-            return queryset.filter(Q(pk=uuid.UUID(term)) | Q(idempotency_key=term)), False
-        except ValueError:
-            pass
-        match = Q(idempotency_key__startswith=term)
-        compact = term.replace("-", "").lower()
-        if len(compact) >= 8 and all(c in "0123456789abcdef" for c in compact):
-            match |= Q(pk__in=_uuid_prefix_range(queryset, compact))
-        return queryset.filter(match), False
+        """A task id (or 8+ of its first hex characters), `payload.<path>=<value>`,
+        `error:<text>` or the start of a key (workflows/admin/search.py)."""
+        return search_tasks(queryset, search_term), False
 
     # --- list columns ----------------------------------------------------------------------
 
@@ -304,12 +300,16 @@ class TaskAdmin(admin.ModelAdmin):
     def changelist_view(self, request, extra_context=None):
         if not self.has_view_permission(request):
             raise PermissionDenied("The task list needs the permission workflows.view_task")
+        # The range form sends its empty boxes too: an empty one is no bound.
+        request.GET = blank_ranges_dropped(request.GET)
         kept, problems = list_params_check(request.GET)
         if problems:
             messages.error(request, f"Filter ignored — {problems_text(problems)}.")
             query = kept.urlencode()
             return HttpResponseRedirect(request.path + (f"?{query}" if query else ""))
         query = request.GET.urlencode()
+        now = console_now()
+        view = view_query(request.GET)
         live_default = "on" if request.GET.get("state__exact") in LEASED_STATES else "off"
         return super().changelist_view(request, extra_context={
             **(extra_context or {}),
@@ -322,7 +322,10 @@ class TaskAdmin(admin.ModelAdmin):
             + urlencode({"view": "list", "params": query}),
             "live_default": live_default,
             "live_key": f"list-{request.GET.get('state__exact', 'all')}",
-            "now": console_now(),
+            "now": now,
+            "pilot_view_url": request.build_absolute_uri(
+                request.path + (f"?{view}" if view else "")),
+            **time_range_context(request.GET, now),
         })
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
@@ -392,10 +395,3 @@ class TaskAdmin(admin.ModelAdmin):
     def retry_selected_from_start(self, request, queryset):
         return confirm.bulk_view(self, request, queryset, RETRY_FROM_START)
 
-
-def _uuid_prefix_range(queryset, prefix: str):
-    """Ids starting with hex `prefix`, as a range on the primary key (an index
-    scan on every database, where LIKE on a uuid column would not be)."""
-    low = uuid.UUID(prefix.ljust(32, "0")[:32])
-    high = uuid.UUID(prefix.ljust(32, "f")[:32])
-    return queryset.filter(pk__gte=low, pk__lte=high).values("pk")

@@ -100,6 +100,44 @@ class ClientShare:
         return bool(self.cap) and self.held >= self.cap
 
 
+@dataclasses.dataclass(frozen=True)
+class Stuck:
+    """A running or cancelling task nobody is moving: its lease ran out, or
+    the worker its lease names is in no live cluster's report (it died; the
+    dispatcher recovers the task once the lease runs out)."""
+
+    task: Task
+    lease_expired: bool
+    worker_gone: bool
+
+    @property
+    def text(self) -> str:
+        parts = []
+        if self.worker_gone:
+            parts.append("its worker is in no live cluster's report")
+        if self.lease_expired:
+            parts.append("its lease ran out")
+        return " and ".join(parts)
+
+
+def tasks_stuck(now: datetime, running: list, reported: set[str] | None) -> list[Stuck]:
+    """The one rule both the dashboard and Workers & queue apply (docs/console.md,
+    "Stuck tasks"): a leased task (`running`: running, compensating or
+    cancelling rows) is stuck when its lease expired before `now` (a database
+    time) or when its lease owner is not among the `reported` workers
+    (`<host>:<pid>`; None when the clusters' status cannot be read — then only
+    the lease decides). Longest overdue first, then oldest started."""
+    stuck = []
+    for task in running:
+        expired = task.lease_expires_at is not None and task.lease_expires_at < now
+        gone = reported is not None and bool(task.lease_owner) and task.lease_owner not in reported
+        if expired or gone:
+            stuck.append(Stuck(task, expired, gone))
+    far = datetime.max.replace(tzinfo=now.tzinfo)
+    return sorted(stuck, key=lambda s: (s.task.lease_expires_at or far,
+                                        s.task.started_at or far))
+
+
 @dataclasses.dataclass
 class WorkStatus:
     clusters: list[ClusterRow]
@@ -109,10 +147,15 @@ class WorkStatus:
     due_retries: int
     in_backoff: int
     running: list          # Task rows running or cancelling, with .current_step
-    orphans: list          # running tasks whose lease owner no live cluster reports
+    stuck: list            # Stuck: tasks_stuck's answer
     stats_error: str = ""
     shares: list = dataclasses.field(default_factory=list)  # ClientShare, most held first
     client_cap: int = 0    # PILOT_MAX_RUNNING_PER_CLIENT (0: none)
+
+    @property
+    def orphans(self) -> list:
+        """Running tasks whose lease owner no live cluster reports."""
+        return [s.task for s in self.stuck if s.worker_gone]
 
     @property
     def workers_total(self) -> int:
@@ -200,16 +243,22 @@ def queue_state(now: datetime) -> QueueState:
                           None, error=f"{type(exc).__name__}: {exc}"[:200])
 
 
-def _running_tasks() -> list:
+def _running_tasks(now: datetime) -> list:
     """Running and cancelling tasks, oldest first, each with `current_step`
-    (its running checkpoint's name and start, or None): one query."""
+    (its running checkpoint's name and start, or None): one query; then, in a
+    second (pilot_task_lease_expiry_idx), those past their lease beyond the
+    first MAX_RUNNING_SHOWN, so no stuck task hides behind a busy fleet."""
     running = StepCheckpoint.objects.filter(task_id=OuterRef("pk"), state=StepState.RUNNING
                                             ).order_by("-index")
-    tasks = list(Task.objects.filter(state__in=LEASED_STATES).select_related("owner")
-                 .defer("payload", "result", "error")
-                 .annotate(step_name=Subquery(running.values("name")[:1]),
-                           step_started_at=Subquery(running.values("started_at")[:1]))
+    leased = (Task.objects.select_related("owner").defer("payload", "result", "error")
+              .annotate(step_name=Subquery(running.values("name")[:1]),
+                        step_started_at=Subquery(running.values("started_at")[:1])))
+    tasks = list(leased.filter(state__in=LEASED_STATES)
                  .order_by("started_at", "pk")[:MAX_RUNNING_SHOWN])
+    if len(tasks) == MAX_RUNNING_SHOWN:
+        seen = {t.pk for t in tasks}
+        tasks += [t for t in leased.expired_leases(now).order_by("lease_expires_at")[:20]
+                  if t.pk not in seen]
     for task in tasks:
         task.current_step = (RunningStep(task.step_name, task.step_started_at)
                              if task.step_name else None)
@@ -239,7 +288,7 @@ def work_status(now: datetime, *, shares: bool = True) -> WorkStatus:
     """Everything the panel shows, in a handful of queries whatever the load;
     without `shares` (the dashboard) the client shares are not read."""
     stats, stats_error = cluster_stats()
-    running = _running_tasks()
+    running = _running_tasks(now)
     by_owner: dict[str, list] = {}
     for task in running:
         by_owner.setdefault(task.lease_owner, []).append(task)
@@ -256,7 +305,6 @@ def work_status(now: datetime, *, shares: bool = True) -> WorkStatus:
             reported_at=getattr(stat, "timestamp", None),
             reincarnations=stat.reincarnations, prefetched=stat.task_q_size,
             workers=workers))
-    orphans = [t for t in running if t.lease_owner and t.lease_owner not in known]
     waiting = Task.objects.filter(state__in=[TaskState.PENDING, TaskState.RETRYING]).aggregate(
         pending=Count("pk", filter=Q(state=TaskState.PENDING)),
         oldest=Min("created_at", filter=Q(state=TaskState.PENDING)),
@@ -264,7 +312,8 @@ def work_status(now: datetime, *, shares: bool = True) -> WorkStatus:
         backoff=Count("pk", filter=Q(state=TaskState.RETRYING, next_attempt_at__gt=now)))
     return WorkStatus(clusters=clusters, queue=queue_state(now), pending=waiting["pending"],
                       oldest_pending_at=waiting["oldest"], due_retries=waiting["due"],
-                      in_backoff=waiting["backoff"], running=running, orphans=orphans,
+                      in_backoff=waiting["backoff"], running=running,
+                      stuck=tasks_stuck(now, running, None if stats_error else known),
                       stats_error=stats_error,
                       shares=client_share_rows(now) if shares else [],
                       client_cap=int(pilot_settings.PILOT_MAX_RUNNING_PER_CLIENT))

@@ -9,7 +9,7 @@ is a 401 `not_authenticated` (api.problems), as with DRF's own class.
 from __future__ import annotations
 
 from django.utils import timezone
-from rest_framework.authentication import TokenAuthentication
+from rest_framework.authentication import TokenAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
 
 from workflows.accounts import is_system_owner
@@ -19,6 +19,16 @@ from workflows.models.token import ApiToken, token_digest
 class ApiTokenAuthentication(TokenAuthentication):
     keyword = "Token"
     model = ApiToken
+
+    def authenticate(self, request):
+        """DRF's, except that `Authorization: Token` with nothing after it (an
+        empty `$TOKEN` in a new shell) says so, not "No credentials provided"."""
+        header = get_authorization_header(request).split()
+        if len(header) == 1 and header[0].lower() == self.keyword.lower().encode():
+            raise AuthenticationFailed(
+                "Invalid token header: the token after 'Token' is empty (an unset or empty "
+                "shell variable, such as $TOKEN in a new terminal?).")
+        return super().authenticate(request)
 
     def authenticate_credentials(self, key):
         try:

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from workflows.models import StepCheckpoint, Task
-from workflows.registry import Step, Workflow, registry
+from workflows.registry import Step, Workflow, registry, unknown_workflow_message
 from workflows.rules.errors import WorkflowChanged, WorkflowVersionMissing
 from workflows.rules.states import TO_COMPENSATE, StepState, TaskState
 
@@ -44,7 +44,7 @@ class Plan:
         workflow = registry.for_task(task)
         if workflow is None:
             if registry.find(task.workflow) is None:
-                raise PlanUnavailable(f"No workflow is registered as {task.workflow!r}",
+                raise PlanUnavailable(unknown_workflow_message(task.workflow),
                                       "UnknownWorkflow")
             missing = WorkflowVersionMissing(
                 f"version {task.version} of {task.workflow} is no longer registered (the "

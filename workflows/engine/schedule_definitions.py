@@ -31,7 +31,7 @@ from workflows.engine.store import database_now, store
 from workflows.engine.triggers import payload_validate
 from workflows.models import MissedPolicy, PilotSchedule, ScheduleOrigin
 from workflows.observability.events import Event, emit_on_commit
-from workflows.registry import SCHEDULE_NAME_RE, Workflow, registry
+from workflows.registry import SCHEDULE_NAME_RE, Workflow, registry, unknown_workflow_message
 from workflows.rules.cron import CronInvalid, cron_next, cron_normalize
 from workflows.rules.errors import PilotError, ValidationFailed
 
@@ -59,7 +59,7 @@ def schedule_validate(*, name: Any, workflow: Any, cron: Any, payload: Any, owne
                           "digit."]
     found = registry.find(workflow)
     if found is None:
-        errors["workflow"] = [f"No workflow is registered as {workflow!r}."]
+        errors["workflow"] = [f"{unknown_workflow_message(workflow)}."]
     try:
         cron = cron_normalize(cron, hash_id=name if isinstance(name, str) else "")
     except CronInvalid as exc:

@@ -284,7 +284,8 @@ def _prepare(index: int, request: TriggerRequest, targets: dict[str, Any]) -> _P
     if key is None:
         if not workflow.key_fields:
             raise IdempotencyKeyMissing(
-                "Send an Idempotency-Key header (or task_id); "
+                "Send an Idempotency-Key header or task_id (a batch item: its "
+                "idempotency_key); "
                 f"{workflow.name} does not derive keys from its payload")
         key = derive_key(workflow.name, workflow.key_fields, payload)  # type: ignore[arg-type]  # validated
     # Same bytes as canonical_json({"payload": ..., "workflow": ...}), built

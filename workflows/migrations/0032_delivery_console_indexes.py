@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('workflows', '0029_step_failures'),
+        ('workflows', '0030_task_payload_gin_idx'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

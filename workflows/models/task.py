@@ -212,6 +212,8 @@ class Task(ConcurrentTransitionMixin, models.Model):
             # only the open ones, so the last of 10 000 costs what the first did.
             models.Index(fields=["parent"], name="pilot_task_open_child_idx",
                          condition=Q(parent__isnull=False) & ~Q(state__in=FINISHED_STATES)),
+            # The console's payload search (payload @> '{"order_id": 42}') uses
+            # pilot_task_payload_gin_idx, a GIN on PostgreSQL only: migration 0030.
             # cleanup_tasks --older-than: finished tasks with finished_at < cutoff.
             models.Index(fields=["finished_at"], name="pilot_task_finished_idx",
                          condition=Q(finished_at__isnull=False)),

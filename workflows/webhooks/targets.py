@@ -217,7 +217,8 @@ def target_addresses(target: Target) -> list[str]:
             if not address_is_public(address):
                 raise TargetRefused(
                     f"host {target.host} resolves to {address}, which is not a public address "
-                    "(private, loopback, link-local and reserved targets are refused)")
+                    "(private, loopback, link-local and reserved targets are refused; "
+                    "PILOT_WEBHOOK_ALLOW_PRIVATE=true allows them, for a local run or a test)")
     return addresses
 
 

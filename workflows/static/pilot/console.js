@@ -161,6 +161,9 @@
     var state = document.getElementById("pilot-bulk-state");
     var bar = document.getElementById("pilot-progress-bar");
     var refusals = document.querySelector("#pilot-refusals tbody");
+    // The script runs the job: no Start or Continue beside "working…" (it
+    // would post the same chunk twice); offered again only if the script stops.
+    var button = document.getElementById("pilot-continue");
 
     function set(name, value) {
       form.elements[name].value = value;
@@ -170,6 +173,8 @@
 
     function step() {
       state.textContent = "working…";
+      button.style.display = "none";
+      button.disabled = true;
       fetch(form.action, {
         method: "POST", body: new FormData(form), credentials: "same-origin",
         headers: {"Accept": "application/json"}
@@ -197,6 +202,9 @@
         }
       }).catch(function (error) {
         state.textContent = "stopped (" + error.message + "): press Continue to go on";
+        button.value = "Continue with the next chunk";
+        button.style.display = "";
+        button.disabled = false;
       });
     }
     step();
