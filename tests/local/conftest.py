@@ -93,9 +93,11 @@ skip_on_postgres = pytest.mark.skipif(
 def local_run(tmp_path):
     runs: list[LocalRun] = []
 
-    def start(*, via_make: bool = False, **env_overrides) -> LocalRun:
+    def start(*, via_make: bool = False, database: Path | None = None,
+              **env_overrides) -> LocalRun:
+        """A new run, on a new database unless given one (a restart)."""
         port = free_port()
-        database = tmp_path / f"db-{len(runs)}.sqlite3"
+        database = database or tmp_path / f"db-{len(runs)}.sqlite3"
         env = {k: v for k, v in os.environ.items() if k not in _TEST_ONLY}
         env.update({"DATABASE_URL": f"sqlite:///{database}", "PILOT_PORT": str(port),
                     "PILOT_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"})
