@@ -23,6 +23,7 @@ import time
 import pytest
 
 from tests.local.conftest import skip_on_postgres, still_running
+from tests.support.procs import ROOT
 
 pytestmark = [pytest.mark.slow, skip_on_postgres]
 
@@ -146,6 +147,18 @@ def checkpoints(run, task_id: str) -> list[tuple]:
                 "WHERE task_id = ? ORDER BY \"index\"", task_id.replace("-", ""))
 
 
+def readme_banner(port: int) -> re.Pattern:
+    """The banner README.md's quickstart shows, as a pattern: its values are
+    any, its lines and their order exactly those make run prints."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"Its start-up ends with:\n\n```\n(.*?)```", readme, re.S).group(1)
+    pattern = re.escape(block.replace("8000", str(port)))
+    for value in ("Cu4Ha1wabIpzyJeS", "pilot_55573bfe_mehocYMvFaCe77pRw3Tn3J6xZ744nUJcsvv_6FY9OjQ",
+                  "db.sqlite3-credentials"):
+        pattern = pattern.replace(re.escape(value), r"\S+")
+    return re.compile(pattern)
+
+
 def test_ctrl_c_mid_step_starts_no_next_step_exits_in_bound_and_the_restart_resumes_at_once(
         local_run):
     """The stop keeps its word (review 3, ux.md §2 #2-3, §3): after Ctrl-C in
@@ -154,6 +167,7 @@ def test_ctrl_c_mid_step_starts_no_next_step_exits_in_bound_and_the_restart_resu
     next `make run` resumes at s1 at once (no lease to wait out), with the same
     admin password and token (9b)."""
     run = local_run(via_make=True)
+    assert readme_banner(run.port).search(run.log()), run.log()[-3000:]  # row 18
     status, task = api(run, "POST", "/api/v1/tasks", {
         "workflow": "demo.slow", "payload": {"steps": 3, "seconds": 2}}, key="stop-resume")
     assert status == 202, task
