@@ -32,10 +32,11 @@ log = logging.getLogger("pilot.workers")
 class Command(BaseCommand):
     help = ("Run PILOT's django-q2 worker cluster: qcluster with Q_CLUSTER_NAME set to "
             "PILOT_Q_CLUSTER_NAME (PILOT_Q_WORKERS processes in the standalone project). On "
-            "SIGTERM, SIGINT or SIGHUP it says which tasks it waits for, lets them run for up "
-            "to PILOT_STOP_SECONDS, then ends the cluster with SIGKILL: an interrupted task "
-            "resumes from its last checkpoint once its lease expires. Exits 1 if the cluster "
-            "dies by itself.")
+            "SIGTERM, SIGINT or SIGHUP its workers start no new step (a task whose step "
+            "finishes is released and resumes at its next step on the next start); it says "
+            "which tasks it waits for, lets their steps run for up to PILOT_STOP_SECONDS, then "
+            "ends the cluster with SIGKILL: an interrupted task resumes from its last "
+            "checkpoint once its lease expires. Exits 1 if the cluster dies by itself.")
 
     def handle(self, *args, **options):
         stop = threading.Event()
