@@ -4,7 +4,7 @@ BENCH_VENV := bench/.venv
 PY     := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: run test test-sqlite test-django6 test-min-versions test-model test-main test-pg-orm-broker mutate mutate-ci lint check audit bench bench-cleanup bench-admin bench-tracing clean chromium promtool ha-packages lock
+.PHONY: run credentials test test-sqlite test-django6 test-min-versions test-model test-main test-pg-orm-broker mutate mutate-ci lint check audit bench bench-cleanup bench-admin bench-tracing clean chromium promtool ha-packages lock
 
 # Installs come from the lock files: every pin of requirements*.txt with the hash of
 # every file PyPI has for it, checked by pip (--require-hashes). `make lock` renews
@@ -74,10 +74,15 @@ lock:
 
 ## run: web server, workers and dispatcher on SQLite with the ORM broker, on
 ## 127.0.0.1, port PILOT_PORT (default 8000). Ctrl-C, or SIGINT/SIGTERM to this make,
-## stops all within ~10 s: make passes SIGINT on to no one, so run-local watches
+## stops all within 7 s: make passes SIGINT on to no one, so run-local watches
 ## make (PILOT_STOP_WITH) and stops when make is signalled (docs/operations.md).
 run: $(VENV)/.installed
 	PILOT_STOP_WITH=$$PPID exec bin/run-local
+
+## credentials: print again the admin password and API token `make run` keeps
+## (next to db.sqlite3, 0600; docs/operations.md).
+credentials: $(VENV)/.installed
+	DJANGO_DEBUG=true $(VENV)/bin/python manage.py local_credentials
 
 ## test: the whole suite. Always on SQLite; then, when DATABASE_URL points at
 ## PostgreSQL (and REDIS_URL at Redis), everything again there, including the
