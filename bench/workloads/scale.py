@@ -180,6 +180,10 @@ def main() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_database_size(current_database())")
         size_bytes = cursor.fetchone()[0]
+        # Write the fill's dirty pages out now: otherwise the checkpoint they
+        # cause runs under the engine rows and every commit waits on its I/O
+        # (the claim at 1 M once measured 12.7 ms, 6 of them in COMMIT).
+        cursor.execute("CHECKPOINT")
 
     owners = list(get_user_model().objects.filter(username__startswith="scale-client-"))
     result = {"tasks": args.tasks, "fill_seconds": round(filled), "database_bytes": size_bytes}
