@@ -23,7 +23,10 @@ it, fills it with the scale study's generator (tests/support/history.py:
 - baseline, in the same run: Django's own admin list of users;
 - `cleanup_tasks` (its defaults) over the expired 10 % while another process
   triggers `--load-rate` new keys a second: tasks/s, and that load's trigger
-  p50/p99 in the 10 s before against while the cleanup ran.
+  p50/p99 in the 10 s before against while the cleanup ran;
+- what that churn left: per hot table heap and index bytes, live and dead
+  tuples, pgstattuple_approx's dead and free share, after the fill, after the
+  churn and after a timed VACUUM (ANALYZE).
 
 Emits one JSON result (bench.common.emit_result); bench/scale.py runs it per
 size and writes the section of bench/results.md. Drops its database at the end
@@ -181,6 +184,52 @@ def cleanup(argv: list[str], rate: float, baseline_s: float) -> dict:
             "trigger_during": percentiles(during)}
 
 
+HOT_TABLES = ("workflows_task", "workflows_stepcheckpoint", "workflows_tasktransition",
+              "workflows_taskreplay", "workflows_webhookdelivery", "workflows_activityminute")
+
+
+def sizes() -> dict:
+    """Per hot table: heap and index bytes, live and dead tuples (the statistics
+    collector's), the share of the heap dead and free (pgstattuple_approx, when
+    the extension can be created here)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT 1")
+        try:
+            cursor.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+            approx = True
+        except Exception:  # noqa: BLE001 - not installed, or no right to: estimate only
+            approx = False
+        out = {}
+        for table in HOT_TABLES:
+            cursor.execute("""
+                SELECT pg_relation_size(relid), pg_indexes_size(relid), n_live_tup, n_dead_tup
+                  FROM pg_stat_user_tables WHERE relname = %s""", [table])
+            heap, indexes, live, dead = cursor.fetchone()
+            row = {"heap": heap, "indexes": indexes, "live": live, "dead": dead}
+            if approx:
+                cursor.execute("SELECT dead_tuple_percent, approx_free_percent "
+                               "FROM pgstattuple_approx(%s::regclass)", [table])
+                row["dead_pct"], row["free_pct"] = (round(v, 1) for v in cursor.fetchone())
+            out[table] = row
+    return out
+
+
+def vacuum() -> dict:
+    """VACUUM (ANALYZE) each hot table, timed (seconds)."""
+    from django.db import connection
+
+    times = {}
+    with connection.cursor() as cursor:
+        for table in HOT_TABLES:
+            started = time.perf_counter()
+            cursor.execute(f"VACUUM (ANALYZE) {table}")
+            times[table] = round(time.perf_counter() - started, 2)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, required=True)
@@ -250,6 +299,7 @@ def main() -> None:
 
     owners = list(get_user_model().objects.filter(username__startswith="scale-client-"))
     result = {"tasks": args.tasks, "fill_seconds": round(filled), "database_bytes": size_bytes}
+    result["sizes_filled"] = sizes()
     result["trigger"] = triggers(owners, args.triggers, args.tasks)
     say(f"  trigger {result['trigger']}")
     result["claim"] = claims(300)
@@ -293,6 +343,12 @@ def main() -> None:
         say(f"  {name}: {result['pages'][name]['median_ms']} ms")
     result["cleanup"] = cleanup(["--tasks", str(args.tasks)], args.load_rate, baseline_s=10)
     say(f"  cleanup {result['cleanup']}")
+    # The churn's cost: the triggers, claims and cleanup above left dead rows;
+    # what they occupy before a vacuum, what VACUUM takes, what it gives back.
+    result["sizes_churned"] = sizes()
+    result["vacuum_seconds"] = vacuum()
+    result["sizes_vacuumed"] = sizes()
+    say(f"  vacuum {result['vacuum_seconds']}")
     emit_result(result)
     if not args.keep:
         connection.close()
