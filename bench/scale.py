@@ -69,23 +69,26 @@ def rows_of(result: dict) -> dict[str, float]:
     return rows
 
 
+def spaced(value: float) -> str:
+    return f"{value:,.0f}".replace(",", " ")
+
+
 def churn_note(n: int, result: dict) -> str:
     """What a size's churn (triggers, claims, cleanup) left and VACUUM gave back."""
-    def mib(stage: str, part: str) -> float:
-        return sum(t[part] for t in result[stage].values()) / 2**20
+    def mib(stage: str, part: str) -> str:
+        return spaced(sum(t[part] for t in result[stage].values()) / 2**20)
 
     churned = result["sizes_churned"]
-    dead = sum(t["dead"] for t in churned.values())
     task = churned["workflows_task"]
-    pct = (f"; task heap {task['dead_pct']} % dead, {task['free_pct']} % free (pgstattuple_approx)"
-           if "dead_pct" in task else "")
-    return (f"{label(n)}: hot tables heap {mib('sizes_filled', 'heap'):,.0f} → "
-            f"{mib('sizes_churned', 'heap'):,.0f} → {mib('sizes_vacuumed', 'heap'):,.0f} MiB, "
-            f"indexes {mib('sizes_filled', 'indexes'):,.0f} → "
-            f"{mib('sizes_churned', 'indexes'):,.0f} → {mib('sizes_vacuumed', 'indexes'):,.0f} MiB "
-            f"(filled → after the churn → vacuumed); {dead:,} dead tuples after the churn{pct}; "
-            f"VACUUM (ANALYZE) {sum(result['vacuum_seconds'].values()):.1f} s "
-            f"(task {result['vacuum_seconds']['workflows_task']} s)").replace(",", " ")
+    pct = (f"; task heap {task['dead_pct']} % dead, {task['free_pct']} % free "
+           "(pgstattuple_approx)" if "dead_pct" in task else "")
+    return (f"{label(n)}: hot tables' heap {mib('sizes_filled', 'heap')} → "
+            f"{mib('sizes_churned', 'heap')} → {mib('sizes_vacuumed', 'heap')} MiB, their "
+            f"indexes {mib('sizes_filled', 'indexes')} → {mib('sizes_churned', 'indexes')} → "
+            f"{mib('sizes_vacuumed', 'indexes')} MiB (filled → after the churn → vacuumed); "
+            f"{spaced(sum(t['dead'] for t in churned.values()))} dead tuples after the "
+            f"churn{pct}; VACUUM (ANALYZE) {sum(result['vacuum_seconds'].values()):.1f} s "
+            f"(task {result['vacuum_seconds']['workflows_task']} s)")
 
 
 def main() -> None:
