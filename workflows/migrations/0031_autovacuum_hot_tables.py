@@ -45,7 +45,7 @@ def reset(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("workflows", "0029_step_failures"),
+        ("workflows", "0030_task_payload_gin_idx"),
     ]
 
     operations = [
