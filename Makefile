@@ -4,7 +4,7 @@ BENCH_VENV := bench/.venv
 PY     := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: run test test-sqlite test-django6 test-min-versions test-model test-main test-pg-orm-broker mutate mutate-ci lint check audit bench bench-cleanup bench-admin bench-tracing clean chromium promtool ha-packages lock
+.PHONY: run credentials test test-sqlite test-django6 test-min-versions test-model test-main test-pg-orm-broker mutate mutate-ci lint check audit bench bench-cleanup bench-admin bench-tracing clean chromium promtool ha-packages lock
 
 # Installs come from the lock files: every pin of requirements*.txt with the hash of
 # every file PyPI has for it, checked by pip (--require-hashes). `make lock` renews
@@ -74,10 +74,15 @@ lock:
 
 ## run: web server, workers and dispatcher on SQLite with the ORM broker, on
 ## 127.0.0.1, port PILOT_PORT (default 8000). Ctrl-C, or SIGINT/SIGTERM to this make,
-## stops all within ~10 s: make passes SIGINT on to no one, so run-local watches
+## stops all within 7 s: make passes SIGINT on to no one, so run-local watches
 ## make (PILOT_STOP_WITH) and stops when make is signalled (docs/operations.md).
 run: $(VENV)/.installed
 	PILOT_STOP_WITH=$$PPID exec bin/run-local
+
+## credentials: print again the admin password and API token `make run` keeps
+## (next to db.sqlite3, 0600; docs/operations.md).
+credentials: $(VENV)/.installed
+	DJANGO_DEBUG=true $(VENV)/bin/python manage.py local_credentials
 
 ## test: the whole suite. Always on SQLite; then, when DATABASE_URL points at
 ## PostgreSQL (and REDIS_URL at Redis), everything again there, including the
@@ -125,10 +130,18 @@ promtool:
 ## (tests/settings.py). docs/testing.md, "Where the time goes", says what it buys.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope,)
+## PG_TEST_WORKERS: the PostgreSQL pass's workers (default 3: its tests wait on real
+## processes, leases and sockets more than they compute, so a third worker on two cores
+## still shortens it; .ci/run allows the connections that takes).
+PG_TEST_WORKERS ?= $(if $(filter 0,$(TEST_WORKERS)),0,3)
+PG_XDIST = $(if $(filter-out 0,$(PG_TEST_WORKERS)),-n $(PG_TEST_WORKERS) --dist loadscope,)
+## The host project installs the wheel into a new virtualenv; the Django 6 pass runs it
+## on SQLite and the PostgreSQL pass on PostgreSQL, so the SQLite pass leaves it out.
+SQLITE_SKIP = --ignore=tests/host_project
 
 test-sqlite: $(VENV)/.installed-dev
 	env -u DATABASE_URL -u REDIS_URL -u PILOT_REQUIRE_POSTGRES \
-		$(PY) -m pytest -m "not postgres and not redis" -q $(XDIST) --durations=25
+		$(PY) -m pytest -m "not postgres and not redis" -q $(XDIST) --durations=25 $(SQLITE_SKIP)
 
 CHECK_KEY = DJANGO_SECRET_KEY=check-only-secret-key-not-for-production-0123456789abcdef
 CHECK_ENV = env -u DATABASE_URL $(CHECK_KEY)
@@ -191,7 +204,7 @@ test-model: $(VENV)/.installed-dev
 ## running the PostgreSQL tests is a failure, not a pass.
 test-main: $(VENV)/.installed-dev chromium ha-packages
 	@case "$$DATABASE_URL" in \
-	  postgres*) $(PY) -m pytest -q $(XDIST) --durations=40 ;; \
+	  postgres*) $(PY) -m pytest -q $(PG_XDIST) --durations=40 ;; \
 	  *) if [ "$${PILOT_REQUIRE_POSTGRES:-}" = 1 ]; then \
 	       echo "PILOT_REQUIRE_POSTGRES=1 but DATABASE_URL is not PostgreSQL: PostgreSQL/Redis tests cannot run" >&2; \
 	       exit 1; \

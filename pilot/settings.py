@@ -322,6 +322,9 @@ LOGGING = {
         "json": {"()": "workflows.observability.logging.JsonFormatter"},
         "text": {"()": "workflows.observability.logging.TextFormatter"},
     },
+    "filters": {
+        "expected_forbidden": {"()": "workflows.observability.logging.ExpectedForbidden"},
+    },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": PILOT_LOG_FORMAT,
                     "stream": f"ext://sys.{_log_stream}"},
@@ -331,5 +334,9 @@ LOGGING = {
                                  ("debug", "info", "warning", "error")).upper()},
     "loggers": {
         "django-q": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        # Django's own handler (on `django`, printing with DEBUG on) would print every
+        # record a second time, through root: only root's.
+        "django": {"handlers": [], "level": "INFO"},
+        "django.request": {"filters": ["expected_forbidden"]},
     },
 }

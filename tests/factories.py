@@ -47,6 +47,7 @@ def transition_kwargs(name: str, task: Task | None = None) -> dict:
         "park": {"waiting_for": {"kind": "signal", "step": 0, "name": "go", "until": None},
                  "until": None},
         "wake": {"now": now},
+        "release": {"now": now},
     }[name]
 
 

@@ -21,7 +21,12 @@ it, fills it with the scale study's generator (tests/support/history.py:
 - the dispatcher's activity fold (engine/activity.py) of the day, first, as it
   would have folded it, then one pass once caught up;
 - baseline, in the same run: Django's own admin list of users;
-- `cleanup_tasks` over the expired 10 % (nothing else running): tasks/s.
+- `cleanup_tasks` (its defaults) over the expired 10 % while another process
+  triggers `--load-rate` new keys a second: tasks/s, and that load's trigger
+  p50/p99 in the 10 s before against while the cleanup ran;
+- what that churn left: per hot table heap and index bytes, live and dead
+  tuples, pgstattuple_approx's dead and free share, after the fill, after the
+  churn and after a timed VACUUM (ANALYZE).
 
 Emits one JSON result (bench.common.emit_result); bench/scale.py runs it per
 size and writes the section of bench/results.md. Drops its database at the end
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import time
 from datetime import timedelta
@@ -119,20 +125,109 @@ def page(client, url: str, reps: int) -> dict:
             "max_ms": round(max(times), 1), "queries": len(queries)}
 
 
-def cleanup() -> dict:
+def trigger_load(rate: float) -> None:
+    """`--trigger-load RATE`: trigger new demo.echo keys at a fixed RATE per
+    second (a schedule, not as fast as it can: a web tier's traffic) until
+    SIGTERM, then emit each trigger's wall-clock start and milliseconds."""
+    import signal
+
+    from django.contrib.auth import get_user_model
+
+    from workflows.engine.triggers import task_trigger
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    owners = list(get_user_model().objects.filter(username__startswith="scale-client-"))
+    samples, i, started = [], 0, time.monotonic()
+    while not stop:
+        due = started + i / rate
+        if (wait := due - time.monotonic()) > 0:
+            time.sleep(wait)
+        at = time.time()
+        outcome = task_trigger(owner=owners[i % len(owners)], key=f"bench-load-{os.getpid()}-{i}",
+                               workflow="demo.echo", payload={"i": i})
+        samples.append((at, (time.time() - at) * 1000))
+        assert outcome.outcome == "created", outcome.outcome
+        i += 1
+    emit_result({"samples": samples})
+
+
+def cleanup(argv: list[str], rate: float, baseline_s: float) -> dict:
+    """`cleanup_tasks` (its defaults) over the expired 10 %, with a trigger load
+    of `rate`/s running beside it in its own process (its own connection, as a
+    web worker): tasks/s, and the load's p99 in the `baseline_s` before the
+    cleanup against its p99 while the cleanup ran."""
+    import subprocess
+    import sys
     from io import StringIO
 
     from django.core.management import call_command
 
-    from workflows.models import Task
+    from bench.common import parse_result
 
-    before = Task.objects.count()
-    started = time.perf_counter()
-    call_command("cleanup_tasks", stdout=StringIO())
+    load = subprocess.Popen([sys.executable, "-m", "bench.workloads.scale", *argv,
+                             "--trigger-load", str(rate)], stdout=subprocess.PIPE, text=True)
+    time.sleep(baseline_s + 2)  # its warm-up, then the baseline window
+    out = StringIO()
+    started_at, started = time.time(), time.perf_counter()
+    call_command("cleanup_tasks", stdout=out)
     seconds = time.perf_counter() - started
-    deleted = before - Task.objects.count()
+    ended_at = time.time()
+    deleted = int(re.search(r"deleted (\d+) finished task", out.getvalue()).group(1))
+    load.terminate()
+    samples = parse_result(load.communicate(timeout=60)[0])["samples"]
+    baseline = [ms for at, ms in samples if started_at - baseline_s <= at < started_at]
+    during = [ms for at, ms in samples if started_at <= at < ended_at]
     return {"deleted": deleted, "seconds": round(seconds, 2),
-            "tasks_per_s": round(deleted / seconds) if seconds else None}
+            "tasks_per_s": round(deleted / seconds) if seconds else None,
+            "load_per_s": rate, "trigger_baseline": percentiles(baseline),
+            "trigger_during": percentiles(during)}
+
+
+HOT_TABLES = ("workflows_task", "workflows_stepcheckpoint", "workflows_tasktransition",
+              "workflows_taskreplay", "workflows_webhookdelivery", "workflows_activityminute")
+
+
+def sizes() -> dict:
+    """Per hot table: heap and index bytes, live and dead tuples (the statistics
+    collector's), the share of the heap dead and free (pgstattuple_approx, when
+    the extension can be created here)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT 1")
+        try:
+            cursor.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+            approx = True
+        except Exception:  # noqa: BLE001 - not installed, or no right to: estimate only
+            approx = False
+        out = {}
+        for table in HOT_TABLES:
+            cursor.execute("""
+                SELECT pg_relation_size(relid), pg_indexes_size(relid), n_live_tup, n_dead_tup
+                  FROM pg_stat_user_tables WHERE relname = %s""", [table])
+            heap, indexes, live, dead = cursor.fetchone()
+            row = {"heap": heap, "indexes": indexes, "live": live, "dead": dead}
+            if approx:
+                cursor.execute("SELECT dead_tuple_percent, approx_free_percent "
+                               "FROM pgstattuple_approx(%s::regclass)", [table])
+                row["dead_pct"], row["free_pct"] = (round(v, 1) for v in cursor.fetchone())
+            out[table] = row
+    return out
+
+
+def vacuum() -> dict:
+    """VACUUM (ANALYZE) each hot table, timed (seconds)."""
+    from django.db import connection
+
+    times = {}
+    with connection.cursor() as cursor:
+        for table in HOT_TABLES:
+            started = time.perf_counter()
+            cursor.execute(f"VACUUM (ANALYZE) {table}")
+            times[table] = round(time.perf_counter() - started, 2)
+    return times
 
 
 def main() -> None:
@@ -141,7 +236,24 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--triggers", type=int, default=300)
     parser.add_argument("--keep", action="store_true", help="keep the filled database")
+    parser.add_argument("--load-rate", type=float, default=50,
+                        help="triggers/s beside the cleanup")
+    parser.add_argument("--trigger-load", type=float, metavar="RATE",
+                        help=argparse.SUPPRESS)  # the load process cleanup() starts
     args = parser.parse_args()
+    if args.trigger_load:
+        os.environ["DATABASE_URL"] = db_url(DB_NAME)
+        os.environ.pop("REDIS_URL", None)
+        os.environ.setdefault("PILOT_DEMO_WORKFLOWS", "true")
+        os.environ["PILOT_MAX_RUNNING_PER_CLIENT"] = "0"
+        from bench.workloads import pilotdb
+
+        pilotdb.setup()
+        import logging
+
+        logging.getLogger("pilot.events").setLevel(logging.WARNING)
+        trigger_load(args.trigger_load)
+        return
 
     from bench.workloads.prepare import recreate_database
 
@@ -180,9 +292,14 @@ def main() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_database_size(current_database())")
         size_bytes = cursor.fetchone()[0]
+        # Write the fill's dirty pages out now: otherwise the checkpoint they
+        # cause runs under the engine rows and every commit waits on its I/O
+        # (the claim at 1 M once measured 12.7 ms, 6 of them in COMMIT).
+        cursor.execute("CHECKPOINT")
 
     owners = list(get_user_model().objects.filter(username__startswith="scale-client-"))
     result = {"tasks": args.tasks, "fill_seconds": round(filled), "database_bytes": size_bytes}
+    result["sizes_filled"] = sizes()
     result["trigger"] = triggers(owners, args.triggers, args.tasks)
     say(f"  trigger {result['trigger']}")
     result["claim"] = claims(300)
@@ -224,8 +341,14 @@ def main() -> None:
     for name, url in pages.items():
         result["pages"][name] = page(client, url, args.reps)
         say(f"  {name}: {result['pages'][name]['median_ms']} ms")
-    result["cleanup"] = cleanup()
+    result["cleanup"] = cleanup(["--tasks", str(args.tasks)], args.load_rate, baseline_s=10)
     say(f"  cleanup {result['cleanup']}")
+    # The churn's cost: the triggers, claims and cleanup above left dead rows;
+    # what they occupy before a vacuum, what VACUUM takes, what it gives back.
+    result["sizes_churned"] = sizes()
+    result["vacuum_seconds"] = vacuum()
+    result["sizes_vacuumed"] = sizes()
+    say(f"  vacuum {result['vacuum_seconds']}")
     emit_result(result)
     if not args.keep:
         connection.close()

@@ -43,6 +43,8 @@ def test_the_diagram_draws_exactly_the_models_transitions(operator_client):
         # a wait step parks; a signal or a due timer wakes; a waiting task is cancellable
         (S.RUNNING, S.WAITING), (S.WAITING, S.PENDING), (S.WAITING, S.CANCELLED),
         (S.WAITING, S.CANCELLING),
+        # the workers are stopping: a finished step's task is released
+        (S.RUNNING, S.PENDING),
         # resume and defer keep the state (the token moves on): drawn as loops
         (S.COMPENSATING, S.COMPENSATING), (S.CANCELLING, S.CANCELLING),
     }

@@ -72,6 +72,43 @@ def test_batches_commit_one_by_one_with_progress_and_an_event_each(owner, caplog
     assert Task.objects.count() == 0
 
 
+def test_each_batch_takes_exactly_its_tasks_with_all_their_rows_and_spares_the_rest(owner):
+    """Both stores (PostgreSQL: one statement a batch). After every batch the
+    tasks it deleted have no step, transition, replay or signal left and every
+    other task keeps all of its rows; a task whose key expires a minute from
+    now is never touched, nor its rows; batch boundaries: 5 expired in batches
+    of 2 are 2 + 2 + 1."""
+    from workflows.models import TaskSignal
+
+    expired = make_finished_tasks(owner, 5)
+    live = make_finished_tasks(owner, 2, finished_ago=timedelta(days=1) - timedelta(minutes=1),
+                               key_prefix="live")
+    now = timezone.now()
+    TaskSignal.objects.bulk_create(
+        TaskSignal(task_id=pk, name="go", idempotency_key="s", fingerprint="f", actor="test",
+                   received_at=now) for pk in expired + live)
+    models = (StepCheckpoint, TaskTransition, TaskReplay, TaskSignal)
+
+    def rows_of(ids) -> list[int]:
+        return [m.objects.filter(task_id__in=ids).count() for m in models]
+
+    full = rows_of(expired[:1])
+    assert full == [1, 2, 1, 1]
+    seen = []
+
+    def progress(report):
+        gone = [pk for pk in expired if not Task.objects.filter(pk=pk).exists()]
+        assert len(gone) == report.tasks and rows_of(gone) == [0, 0, 0, 0]
+        kept = [pk for pk in expired if pk not in gone] + live
+        assert rows_of(kept) == [n * len(kept) for n in full]
+        seen.append(report.tasks)
+
+    report = tasks_cleanup(batch_size=2, progress=progress)
+    assert (report.tasks, report.batches, seen) == (5, 3, [2, 4, 5])
+    assert set(Task.objects.values_list("pk", flat=True)) == set(live)
+    assert rows_of(live) == [n * 2 for n in full]
+
+
 def test_a_short_run_prints_only_its_summary(owner):
     make_finished_tasks(owner, 5)
     lines = cleanup("--batch-size", "2").splitlines()

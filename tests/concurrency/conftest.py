@@ -20,7 +20,7 @@ def enough_connections(transactional_db):
         available = int(cursor.fetchone()[0])
     if available < 230:
         pytest.fail(f"PostgreSQL max_connections is {available}; these races need >= 230 "
-                    "(ALTER SYSTEM SET max_connections = 300 and restart, as .ci/run does)")
+                    "(ALTER SYSTEM SET max_connections = 500 and restart, as .ci/run does)")
     settings = connection.settings_dict
     name = f"pilot-tests-connections-{settings['HOST'] or 'local'}-{settings['PORT'] or 5432}"
     with open(Path(tempfile.gettempdir()) / f"{name}.lock", "w") as lock:

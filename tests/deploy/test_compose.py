@@ -78,7 +78,9 @@ def test_the_image_installs_the_lock_and_runs_unprivileged():
     assert re.search(r"^USER pilot$", dockerfile, re.M)
     assert "collectstatic" in dockerfile
     ignored = (ROOT / ".dockerignore").read_text().split()
-    assert {".git", ".venv", "tests", "db.sqlite3*", ".local-secret-key"} <= set(ignored)
+    # No local secret nor make run's kept credentials (db.sqlite3-credentials) in an image.
+    assert {".git", ".venv", "tests", "db.sqlite3*", ".local-secret-key",
+            ".local-credentials"} <= set(ignored)
 
 
 def _docker_engine() -> str | None:

@@ -56,6 +56,7 @@ LEGAL_EDGES = {
     ("finish_cancel", S.CANCELLING, S.CANCELLED),
     ("retry", S.FAILED, S.PENDING), ("retry", S.CANCELLED, S.PENDING),
     ("park", S.RUNNING, S.WAITING), ("wake", S.WAITING, S.PENDING),
+    ("release", S.RUNNING, S.PENDING),
     ("cancel", S.WAITING, S.CANCELLED), ("cancel", S.WAITING, S.CANCELLING),
 }
 

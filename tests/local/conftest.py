@@ -90,11 +90,11 @@ skip_on_postgres = pytest.mark.skipif(
 
 
 def local_run_start(directory: Path, runs: list[LocalRun], *, via_make: bool = False,
-                    **env_overrides) -> LocalRun:
+                    database: Path | None = None, **env_overrides) -> LocalRun:
     """Start one `make run` (bin/run-local, or make itself) with its database and log
     in `directory`; wait for its banner. Appended to `runs` (local_run_stop ends them)."""
     port = free_port()
-    database = directory / f"db-{len(runs)}.sqlite3"
+    database = database or directory / f"db-{len(runs)}.sqlite3"
     env = {k: v for k, v in os.environ.items() if k not in _TEST_ONLY}
     env.update({"DATABASE_URL": f"sqlite:///{database}", "PILOT_PORT": str(port),
                 "PILOT_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"})
@@ -122,8 +122,11 @@ def local_run_start(directory: Path, runs: list[LocalRun], *, via_make: bool = F
 def local_run(tmp_path):
     runs: list[LocalRun] = []
 
-    def start(*, via_make: bool = False, **env_overrides) -> LocalRun:
-        return local_run_start(tmp_path, runs, via_make=via_make, **env_overrides)
+    def start(*, via_make: bool = False, database: Path | None = None,
+              **env_overrides) -> LocalRun:
+        """A new run, on a new database unless given one (a restart)."""
+        return local_run_start(tmp_path, runs, via_make=via_make, database=database,
+                               **env_overrides)
 
     yield start
     local_run_stop(runs)

@@ -26,6 +26,7 @@ LEGAL = {
                S.RUNNING: S.CANCELLING},
     "park": {S.RUNNING: S.WAITING},
     "wake": {S.WAITING: S.PENDING},
+    "release": {S.RUNNING: S.PENDING},
     "finish_cancel": {S.CANCELLING: S.CANCELLED},
     "retry": {S.FAILED: S.PENDING, S.CANCELLED: S.PENDING},
     "resume": {S.COMPENSATING: S.COMPENSATING, S.CANCELLING: S.CANCELLING},

@@ -78,11 +78,14 @@ def test_a_replay_and_a_second_fold_inside_a_folds_window_count_once(owner):
 
 
 def test_a_cleanup_deleting_the_task_inside_a_folds_window_deletes_every_row(owner):
-    """The cleanup's DELETE of the task's replay rows waits for the fold's locks;
-    when the fold commits, the row it kept (updated, not inserted) is still the
-    task's, so the cleanup deletes it and then the task. An inserted row would
-    be invisible to the cleanup's statement and fail the task's delete on its
-    foreign key."""
+    """The cleanup's DELETE of the task's replay rows (in its one statement,
+    sql.py "delete_tasks") waits for the fold's locks; when the fold commits,
+    the row it kept (updated, not inserted) is still the task's, so the cleanup
+    deletes it and then the task. An inserted row would be invisible to the
+    cleanup's statement and fail the task's delete on its foreign key."""
+    from workflows.engine.store.postgres import QUERIES, _numbered
+
+    name = _numbered(QUERIES["delete_tasks"])[0]
     task, _ = keyed_task(owner, rows=4)
     Task.objects.filter(pk=task.pk).update(state=S.SUCCEEDED, finished_at=AN_HOUR_AGO,
                                            expires_at=AN_HOUR_AGO)
@@ -102,7 +105,8 @@ def test_a_cleanup_deleting_the_task_inside_a_folds_window_deletes_every_row(own
 
     def meanwhile():
         cleaner.start()
-        wait_for(lambda: waiting_on_a_lock('DELETE FROM "workflows_taskreplay"'),
+        wait_for(lambda: waiting_on_a_lock(f"EXECUTE {name}(")
+                 or waiting_on_a_lock("WITH steps AS ("),  # PILOT_PG_PREPARED off
                  what="the cleanup to wait for the fold's row locks")
 
     with faults.on("before_fold_commit", meanwhile):

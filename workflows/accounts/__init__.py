@@ -269,6 +269,23 @@ def local_admin_ensure(username: str = "admin") -> tuple[object, str]:
     return user, password
 
 
+def local_credentials_valid(password: str, token: str, *, username: str = "admin",
+                            client: str = "local-client") -> bool:
+    """Whether a local run's saved credentials still open the door: `password`
+    is the active superuser `username`'s and `token` an unexpired token of
+    `client` (a fresh database, or a password changed in the console, has
+    neither)."""
+    User = get_user_model()
+    admin = User.objects.filter(**user_by_name_filter(username), is_active=True,
+                                is_superuser=True).first()
+    if admin is None or not admin.check_password(password):
+        return False
+    owner = User.objects.filter(**user_by_name_filter(client)).first()
+    return owner is not None and ApiToken.objects.filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()),
+        user=owner, digest=token_digest(token)).exists()
+
+
 CLI_OWNER = "cli"
 
 

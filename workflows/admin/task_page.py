@@ -30,7 +30,7 @@ from workflows.conf import pilot_settings
 from workflows.engine import CANCELLED_WHILE_RUNNING, Why, why_not_running
 from workflows.models import StepCheckpoint, TaskReplay, TaskTransition
 from workflows.registry import registry
-from workflows.rules.states import StepState, TaskState
+from workflows.rules.states import COMPENSATION_STATES, StepState, TaskState
 from workflows.selectors import children_by_state
 
 # What the runner writes on the step a cancel stopped; such a step is shown as
@@ -68,7 +68,7 @@ class StepView:
 
 @dataclasses.dataclass
 class NowPanel:
-    kind: str                     # running | cancelling | waiting | backoff
+    kind: str                     # running | cancelling | compensating | parked | waiting | backoff
     since: datetime               # start of what is happening now
     step: StepView | None = None
     k: int = 0                    # 1-based position of the running step in the plan
@@ -80,6 +80,35 @@ class NowPanel:
     progress_text: str = ""
     due_at: datetime | None = None
     why: Why | None = None        # waiting for a worker: why none has taken it (engine/why.py)
+    # cancelling / compensating: the step whose compensation runs, and those still
+    # owed theirs (last first, the order they run in)
+    undoing: StepView | None = None
+    to_undo: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunView:
+    """The current run: since the last retry, if the task was retried (its
+    attempts and time then count from there; `life_attempts` over its life)."""
+
+    attempts: int
+    max_attempts: int
+    started_at: datetime | None
+    retried_at: datetime | None = None
+    life_attempts: int = 0
+
+
+def run_view(task, transitions: list) -> RunView:
+    """Attempts and start of the current run, from the history: a retry gives a
+    fresh budget and a new run, and the gap before it belongs to neither."""
+    retries = [i for i, t in enumerate(transitions) if t.transition == "retry"]
+    if not retries:
+        return RunView(task.attempts, task.max_attempts, task.started_at)
+    last = retries[-1]
+    before = sum(t.transition == "claim" for t in transitions[:last])
+    first_claim = next((t.at for t in transitions[last + 1:] if t.transition == "claim"), None)
+    return RunView(task.attempts - before, task.max_attempts - before, first_claim,
+                   retried_at=transitions[last].at, life_attempts=task.attempts)
 
 
 def task_plan(task) -> tuple[list | None, str]:
@@ -136,7 +165,7 @@ def now_panel(task, steps: list[StepView], plan: list | None, phases: list, *,
     if task.is_finished:
         return None
     current = phases[-1]
-    if task.state in (TaskState.RUNNING, TaskState.CANCELLING):
+    if task.state in (TaskState.RUNNING, *COMPENSATION_STATES):
         running = next((s for s in reversed(steps) if s.running), None)
         lease = task.lease_expires_at
         panel = NowPanel(
@@ -151,6 +180,13 @@ def now_panel(task, steps: list[StepView], plan: list | None, phases: list, *,
             panel.remaining = [s.name for s in steps if s.index > running.index
                                and s.state in ("planned", StepState.PENDING)]
             panel.progress_text = _progress_text(running.progress)
+        if task.state != TaskState.RUNNING:
+            panel.undoing = next((s for s in steps if s.state == StepState.COMPENSATING), None)
+            panel.to_undo = [s.name for s in sorted(steps, key=lambda v: -v.index)
+                             if s.state == StepState.SUCCEEDED and s.compensation
+                             and (panel.undoing is None or s.index < panel.undoing.index)]
+            if panel.undoing is not None:
+                panel.since = current.start
         return panel
     if task.state == TaskState.WAITING:
         return NowPanel(kind="parked", since=current.start, n=len(plan or []),
@@ -215,6 +251,7 @@ def task_page(task, *, now: datetime) -> dict:
         "plan_error": plan_error,
         "failures": failure_views(checkpoints),
         "panel": now_panel(task, steps, plan, phases, now=now),
+        "run": run_view(task, transitions),
         "history": history,
         "replays": replays,
         "deliveries": delivery_views(task, now),

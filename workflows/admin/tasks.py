@@ -168,7 +168,7 @@ class TaskAdmin(admin.ModelAdmin):
     actions = ["cancel_selected", "retry_selected", "retry_selected_from_start"]
     readonly_fields = ["payload_json", "fingerprint", "result_json", "source", "trace_id",
                        "traceparent", "callback_url",
-                       "attempts_of_max", "replays", "last_replayed_at", "next_attempt_at",
+                       "attempts_of_max", "replays", "last_replayed", "next_attempt_at",
                        "lease_owner", "lease_token", "lease_expires_at", "created", "enqueued",
                        "started", "finished", "duration", "expires", "updated"]
     object_history_template = "admin/workflows/task/object_history.html"
@@ -267,7 +267,7 @@ class TaskAdmin(admin.ModelAdmin):
     # --- the task page's fields (below its live part) ------------------------------------
 
     def get_fieldsets(self, request, obj=None):
-        run = ["attempts_of_max", "replays", "last_replayed_at", "next_attempt_at", "source",
+        run = ["attempts_of_max", "replays", "last_replayed", "next_attempt_at", "source",
                "trace_id", "traceparent", "fingerprint"]
         if obj is not None and not obj.is_finished:
             run += ["lease_owner", "lease_token", "lease_expires_at"]
@@ -286,6 +286,12 @@ class TaskAdmin(admin.ModelAdmin):
     finished = timestamp_field("finished_at", "finished")
     expires = timestamp_field("expires_at", "key expires")
     updated = timestamp_field("updated_at", "updated")
+
+    @admin.display(description="last replayed at")
+    def last_replayed(self, obj):
+        """When a duplicate trigger was last absorbed; "never" rather than None."""
+        at = obj.last_replayed_at
+        return "never" if at is None else timestamp(at)
 
     @admin.display(description="payload")
     def payload_json(self, obj):

@@ -54,6 +54,7 @@ from workflows.engine.schedule_definitions import (
     schedules_sync_declared,
 )
 from workflows.engine.schedules import schedule_run_now, schedule_run_now_key, schedules_fire_due
+from workflows.engine.shutdown import STOP_FLAG_ENV, stop_announce
 from workflows.engine.signals import SignalOutcome, task_signal
 from workflows.engine.store import database_now
 from workflows.engine.store.rows import CANCELLED_WHILE_RUNNING
@@ -79,6 +80,7 @@ __all__ = [
     "MAX_BATCH",
     "REPLAYED",
     "RESEND_PERMISSION",
+    "STOP_FLAG_ENV",
     "SignalOutcome",
     "SimulatedCrash",
     "StepContext",
@@ -108,6 +110,7 @@ __all__ = [
     "schedules_fire_due",
     "schedules_sync_after_migrate",
     "schedules_sync_declared",
+    "stop_announce",
     "task_cancel",
     "task_expire_lease",
     "task_retry",

@@ -70,6 +70,7 @@ from workflows.models import Task
 from workflows.observability.events import Event, emit, emit_on_commit
 from workflows.registry import registry
 from workflows.rules.backoff import RetryPolicy, backoff_delay
+from workflows.rules.durations import iso_z
 from workflows.rules.states import COMPENSATION_STATES, TaskState
 
 BATCH = 200
@@ -246,7 +247,7 @@ def _recover_expired_leases(now: datetime, batch: int, actor: str, report: Dispa
 
         def recover(task: Task) -> None:
             policy = _policy(task)
-            expiry = task.lease_expires_at.isoformat()  # type: ignore[union-attr]  # held
+            expiry = iso_z(task.lease_expires_at)  # type: ignore[arg-type]  # held
             reason = (f"lease held by {task.lease_owner or '?'} expired at {expiry}"
                       if unrenewed is None else
                       f"lease held by {task.lease_owner or '?'} (until {expiry}) not renewed "

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('workflows', '0030_task_payload_gin_idx'),
+        ('workflows', '0031_autovacuum_hot_tables'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -373,6 +373,18 @@ class Task(ConcurrentTransitionMixin, models.Model):
         self.next_attempt_at = until
         self.enqueued_at = None
 
+    @transition(field=state, source=S.RUNNING, target=S.PENDING)
+    def release(self, *, now: datetime) -> None:
+        """The workers are stopping (engine/shutdown.py): the worker recorded the
+        step it finished and gives the task back — no lease, due at `now`, owed a
+        message — so the next start of the workers resumes it at its next step
+        at once. The claim that follows continues this attempt, so it does not
+        spend the budget (the cap moves by one, as `wake`'s does)."""
+        self._release_lease()
+        self.max_attempts += 1
+        self.next_attempt_at = now
+        self.enqueued_at = None
+
     @transition(field=state, source=S.WAITING, target=S.PENDING)
     def wake(self, *, now: datetime) -> None:
         """Due at `now` again: the wait step runs on and decides. The claim that

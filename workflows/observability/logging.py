@@ -140,3 +140,19 @@ def _text(value) -> str:
             and '"' not in text:
         return text
     return json.dumps(text)  # quoted, ASCII-only
+
+
+class ExpectedForbidden(logging.Filter):
+    """On `django.request`: an expected 403 — PermissionDenied, a viewer opening
+    a page their permissions do not give them — is one line saying so
+    ("Forbidden (Permission denied): /admin/…"), not its traceback. An
+    unexpected error keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from django.core.exceptions import PermissionDenied
+
+        error = record.exc_info[1] if record.exc_info else None
+        if getattr(record, "status_code", None) == 403 and isinstance(error, PermissionDenied):
+            record.exc_info = None
+            record.exc_text = None
+        return True

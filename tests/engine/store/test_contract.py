@@ -606,6 +606,55 @@ def test_no_hot_statement_reads_a_whole_table(owner):
             cursor.execute("RESET plan_cache_mode")
 
 
+@pytest.mark.postgres
+def test_the_claim_reads_the_queue_in_claim_order_whatever_the_history(owner):
+    """claim_next walks pilot_task_claim_idx (priority DESC, next_attempt_at) and
+    stops at the first due row: it never sorts the due set nor reads the
+    history. Beside a history of finished tasks the planner, multiplying the
+    selectivity of the state by that of next_attempt_at, expected one due row
+    and sorted every due task read from pilot_task_due_idx instead: O(backlog)
+    per claim (issue 34, bench/results.md section 12). Generic plans, as the
+    prepared statement settles on; without and with caps."""
+    from django.db import connection
+
+    from workflows.engine.store.postgres import QUERIES, _numbered
+
+    pending = make_task(owner, key="due")
+    key, text, names = _numbered(QUERIES["claim_next"])
+    plans = []
+    with connection.cursor() as cursor:
+        # Copies of it: 100 due at three priorities, 20 000 succeeded.
+        cursor.execute("""
+            INSERT INTO workflows_task
+            SELECT r.*
+              FROM workflows_task AS t, generate_series(1, 20100) AS g,
+                   jsonb_populate_record(NULL::workflows_task, to_jsonb(t) || CASE
+                       WHEN g <= 100 THEN jsonb_build_object('priority', g %% 3)
+                       ELSE jsonb_build_object('state', 'succeeded', 'next_attempt_at', NULL,
+                                               'finished_at', t.created_at) END
+                       || jsonb_build_object('id', gen_random_uuid(), 'idempotency_key',
+                                             'copy-' || g)) AS r
+             WHERE t.id = %s""",
+                       [pending.pk])
+        cursor.execute("ANALYZE workflows_task")
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        try:
+            cursor.execute(f"PREPARE plan_{key} AS {text}")
+            for caps in (None, '{"client": 2, "own": {}, "total": {}}'):
+                params = {"caps": caps, "task_id": None, "worker": "w", "lease_seconds": 60,
+                          "actor": "worker:w"}
+                cursor.execute(f"EXPLAIN EXECUTE plan_{key}({', '.join(['%s'] * len(names))})",
+                               [params[n] for n in names])
+                plans.append("\n".join(row[0] for row in cursor.fetchall()))
+            cursor.execute(f"DEALLOCATE plan_{key}")
+        finally:
+            cursor.execute("RESET plan_cache_mode")
+    for plan in plans:
+        candidates = plan[plan.index("CTE prior"):plan.index("CTE claimed")]
+        assert "Index Scan using pilot_task_claim_idx on workflows_task c" in candidates, plan
+        assert "Sort" not in candidates and "Seq Scan on workflows_task" not in plan, plan
+
+
 # --- the replay log --------------------------------------------------------------------------
 
 def test_fold_replays_keeps_the_newest_row_of_each_task_hour_with_the_sum(any_store, owner):

@@ -38,6 +38,8 @@ POSITIONS: dict[str, tuple[int, int]] = {
 BENDS: dict[tuple[str, str], int] = {
     (S.RUNNING, S.RETRYING): -34,
     (S.RETRYING, S.RUNNING): -34,
+    (S.PENDING, S.RUNNING): -24,   # claim, and release (the workers are stopping) back
+    (S.RUNNING, S.PENDING): -24,
     (S.PENDING, S.CANCELLED): -30,
     (S.CANCELLED, S.PENDING): -30,
     (S.CANCELLING, S.CANCELLED): 90,

@@ -188,9 +188,19 @@ class Compensation:
             held.transition("fail", reason=error_type or "failed", error=error,
                             error_type=error_type, now=now)
             return Ended("failed")
-        held.transition("finish_cancel", reason="in-flight work ended, compensations ran",
-                        error=error, error_type=error_type, now=now)
+        held.transition("finish_cancel", reason=self._cancel_reason(), error=error,
+                        error_type=error_type, now=now)
         return Ended("cancelled")
+
+    def _cancel_reason(self) -> str:
+        """What the cancel did, as stored: the step it ended in flight, the
+        compensations that ran — or that there was nothing to compensate."""
+        stored = self.held.store.checkpoints(self.held.task.pk)
+        done = [cp.name for _, cp in sorted(stored.items(), reverse=True)
+                if cp.state == StepState.COMPENSATED]
+        parts = [f"step {self.in_flight.step.name} ended in flight"] if self.in_flight else []
+        parts.append(f"compensated {', '.join(done)}" if done else "nothing to compensate")
+        return "cancel finished: " + "; ".join(parts)
 
 
 def _in_flight_row(in_flight: InFlight, now: Any) -> step_rows.StepRow:

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
-from workflows.engine import faults
+from workflows.engine import faults, shutdown
 from workflows.engine.announce import announce
 from workflows.engine.leases import (
     TRANSIENT,
@@ -88,6 +88,8 @@ def task_run(*, task_id: object, worker: str | None = None,
     wake workers up. Each run's success claims the next task in the same
     statement. Returns the report of the task the call named."""
     worker = worker or worker_id()
+    if shutdown.stop_requested():  # the workers are stopping: claim nothing new
+        return RunReport(str(task_id), outcome="skipped")
     deadline = time.monotonic() + drain_seconds if drain_seconds else None
     run = _drive(Run(task_id, worker, chain_until=deadline))
     if deadline is not None:
@@ -102,8 +104,10 @@ def tasks_drain(*, worker: str | None = None, until: float,
     many ran; never raises."""
     worker, ran, claimed = worker or worker_id(), 0, first
     while claimed is not None or time.monotonic() < until:
+        if claimed is None and shutdown.stop_requested():
+            break  # the workers are stopping: nothing new
         run = _drive(Run(None, worker, claimed=claimed, chain_until=until))
-        if run.report.outcome in ("idle", "error", "interrupted"):
+        if run.report.outcome in ("idle", "error", "interrupted", "released"):
             break
         ran += 1
         claimed = run.next_claimed

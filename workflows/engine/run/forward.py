@@ -10,6 +10,10 @@ succeeded checkpoint, in order, through the held attempt.
       or, when succeeded steps have compensations, `compensate`, and hand the
       compensation phase to the driver
 
+When the workers are stopping (engine/shutdown.py), a step's success is
+recorded with the task's `release` instead of the next step's start: the run
+ends ("released") and the next start of the workers resumes at that step.
+
 At a wait step it hands the decision to the wait phase (`WaitReached`) and,
 when the wait phase recorded the step, goes on after it (`proceed`) or fails
 it like any step (`fail_wait`).
@@ -29,7 +33,7 @@ from collections.abc import Generator
 from datetime import timedelta
 from typing import Any
 
-from workflows.engine import failures, faults
+from workflows.engine import failures, faults, shutdown
 from workflows.engine.leases import lease_length
 from workflows.engine.plans import Plan, PlanUnavailable, owed_compensations
 from workflows.engine.run.held import Held, StepFailure
@@ -74,8 +78,10 @@ class Forward:
         self.todo: list[int] = []
         self.outputs: dict[str, Any] = {}
         self.position = 0
-        # Whether the last step's success asked to claim the next task with it.
+        # Whether the last step's success asked to claim the next task with it;
+        # whether a step's success released the task (the workers are stopping).
         self.chained = False
+        self.released = False
 
     def run(self) -> Generator[str, None, Next]:
         return (yield from self._guarded(self._steps()))
@@ -148,6 +154,8 @@ class Forward:
             self._done(index, step, output)
             if following is None:
                 return Ended("succeeded", next_claimed)
+            if self.released:  # the workers are stopping: the next start resumes it here
+                return Ended("released")
             faults.fault_point("after_checkpoint")
         raise AssertionError("unreachable: the last step returns")
 
@@ -188,10 +196,12 @@ class Forward:
                 following: int | None) -> Claimed | None:
         """One step boundary (Held.record_step); the last step's success also
         claims the next due task while the chain's deadline has not passed."""
+        stopping = shutdown.stop_requested()
         self.chained = (following is None and self.chain_until is not None
-                        and time.monotonic() < self.chain_until)
+                        and time.monotonic() < self.chain_until and not stopping)
+        self.released = following is not None and stopping
         return self.held.record_step(self.plan, index, step, output, following,
-                                     then_claim=self.chained)
+                                     then_claim=self.chained, release=self.released)
 
     def _settle(self, index: int, following: int | None) -> Recorded | object:
         """After an error in an atomic step's transaction: did it commit anyway

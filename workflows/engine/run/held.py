@@ -156,16 +156,25 @@ class Held:
                                                            progress=progress))
 
     def record_step(self, plan: Plan, index: int, step: Step, output: Any,
-                    following: int | None, *, then_claim: bool = False) -> Claimed | None:
+                    following: int | None, *, then_claim: bool = False,
+                    release: bool = False) -> Claimed | None:
         """One step boundary, all or nothing: step `index`'s success with the
         next step's start (`following`) — or, after the last step, with the
-        task's success, which may claim the next due task (`then_claim`)."""
+        task's success, which may claim the next due task (`then_claim`). With
+        `release` (the workers are stopping, engine/shutdown.py) the next step
+        does not start: the success goes with the task's `release`."""
         now = self.clock.now()
         done = step_rows.succeeded(index, step.name, output, now,
                                    compensable=step.compensation is not None)
         if following is None:
             return self.transition("succeed", result=output, now=now, steps=[done],
                                    then_claim=then_claim)
+        if release:
+            name = plan.steps[following].name
+            self.transition("release", now=now, steps=[done],
+                            reason=f"the workers are stopping: step {step.name} done, "
+                                   f"{name} starts on their next start")
+            return None
         nxt = step_rows.started(following, plan.steps[following].name,
                                 plan.attempts_of(following) + 1, now)
         self.write([done, nxt])

@@ -16,7 +16,7 @@ MISSING = object()
 class RunReport:
     task_id: str | None
     # idle (nothing due) | skipped | succeeded | retrying | failed | cancelled | deferred |
-    # waiting | lease_lost | interrupted | error
+    # waiting | released (the workers are stopping) | lease_lost | interrupted | error
     outcome: str = ""
     steps_run: list[str] = dataclasses.field(default_factory=list)
     compensations_run: list[str] = dataclasses.field(default_factory=list)

@@ -22,6 +22,7 @@ from django.utils.dateparse import parse_datetime
 from django_fsm import ConcurrentTransition
 
 from workflows.conf import pilot_settings
+from workflows.database import in_callers_transaction
 from workflows.engine import faults
 from workflows.engine.caps import caps_json
 from workflows.engine.leases import Lease, Refused
@@ -120,6 +121,15 @@ class PostgresStore(OrmStore):
 
     def db_now(self) -> datetime:
         return self._run("db_now", {})[0]
+
+    @in_callers_transaction
+    def delete_tasks_in_tx(self, task_ids: list[Any]) -> int:
+        """OrmStore.delete_tasks_in_tx in one statement after the deliveries
+        (sql.py, "delete_tasks")."""
+        if not task_ids:
+            return 0
+        self.deliveries.outlive_in_tx(task_ids)  # before the steps go: a body may need them
+        return self._run("delete_tasks", {"ids": list(task_ids)})[0]
 
     # --- claims ------------------------------------------------------------------------------
 

@@ -27,8 +27,15 @@ FENCED = "id = %(task_id)s AND lease_token = %(token)s"
 LEASE_END = "statement_timestamp() + make_interval(secs => %(lease_seconds)s)"
 
 # A claim's "due and claimable": pending, or retrying with its backoff elapsed,
-# with an attempt left.
-DUE = ("state IN ('pending', 'retrying') AND next_attempt_at <= statement_timestamp()\n"
+# with an attempt left. The time test is on an expression, not the column, so the
+# queue is read in claim order from pilot_task_claim_idx (priority DESC,
+# next_attempt_at) and the scan stops at the first due, free row. On the column,
+# the planner multiplies the selectivity of the state by that of next_attempt_at
+# (set only on the active set, so the two are one condition), expects two due
+# rows, and reads every due task from pilot_task_due_idx to sort them: 1.7 ms at
+# 2 000 due, growing with the backlog, against 0.05 ms (bench/results.md, 12).
+DUE = ("state IN ('pending', 'retrying')\n"
+       "       AND next_attempt_at + interval '0' <= statement_timestamp()\n"
        "       AND attempts < max_attempts")
 
 # What every returned task row carries besides its columns.
@@ -144,7 +151,7 @@ BLOCKED = """running AS (
 
 # The candidates' filter against BLOCKED: two arrays computed once (InitPlans)
 # and tested per candidate as a plain filter, so the candidates are still read
-# in due order from pilot_task_due_idx and the scan stops at the first free one (an
+# in claim order from pilot_task_claim_idx and the scan stops at the first free one (an
 # anti-join sorted every due task first: 20 ms at 5 000 due). Both sides are
 # expressions, not columns: the column's statistics (one workflow in every row)
 # made the planner expect the filter to drop every row and sort instead.
@@ -251,6 +258,25 @@ TRANSITION_AUDIT = audit("changed", "%(transition)s", "%(from_state)s", "%(to_st
 
 STATEMENTS: dict[str, str] = {
     "db_now": "SELECT statement_timestamp()",
+
+    # Tasks the caller holds and has decided may go (cleanup, an expired key's
+    # re-trigger), their deliveries already seen to (DeliveryStore.outlive): the
+    # steps, transitions, replays, signals and the tasks in one statement, each
+    # child table reached through its task_id index (issue 34: a batch of 1 000
+    # cost six round trips and 1 000-literal IN lists before). The foreign keys'
+    # checks (deferred) run at commit and find no child left.
+    "delete_tasks": """WITH steps AS (
+    DELETE FROM workflows_stepcheckpoint WHERE task_id = ANY(%(ids)s::uuid[])
+), transitions AS (
+    DELETE FROM workflows_tasktransition WHERE task_id = ANY(%(ids)s::uuid[])
+), replays AS (
+    DELETE FROM workflows_taskreplay WHERE task_id = ANY(%(ids)s::uuid[])
+), signals AS (
+    DELETE FROM workflows_tasksignal WHERE task_id = ANY(%(ids)s::uuid[])
+), tasks AS (
+    DELETE FROM workflows_task WHERE id = ANY(%(ids)s::uuid[]) RETURNING 1
+)
+SELECT count(*) FROM tasks""",
 
     # The candidate row is locked first, so a racing claim waits and then finds
     # it no longer claimable (the WHERE is re-checked on the row it locks: due by

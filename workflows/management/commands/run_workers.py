@@ -6,9 +6,11 @@ own tasks are not touched (workflows.cluster)."""
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 
@@ -18,6 +20,7 @@ from django.db import DatabaseError, connections
 
 from workflows.cluster import worker_environment
 from workflows.conf import pilot_settings
+from workflows.engine import STOP_FLAG_ENV, stop_announce
 from workflows.observability.metrics import multiprocess_dir
 from workflows.observability.multiproc import COMPACT_EVERY_SECONDS, compact
 from workflows.processes import STOP_SIGNALS, Child
@@ -29,10 +32,11 @@ log = logging.getLogger("pilot.workers")
 class Command(BaseCommand):
     help = ("Run PILOT's django-q2 worker cluster: qcluster with Q_CLUSTER_NAME set to "
             "PILOT_Q_CLUSTER_NAME (PILOT_Q_WORKERS processes in the standalone project). On "
-            "SIGTERM, SIGINT or SIGHUP it says which tasks it waits for, lets them run for up "
-            "to PILOT_STOP_SECONDS, then ends the cluster with SIGKILL: an interrupted task "
-            "resumes from its last checkpoint once its lease expires. Exits 1 if the cluster "
-            "dies by itself.")
+            "SIGTERM, SIGINT or SIGHUP its workers start no new step (a task whose step "
+            "finishes is released and resumes at its next step on the next start); it says "
+            "which tasks it waits for, lets their steps run for up to PILOT_STOP_SECONDS, then "
+            "ends the cluster with SIGKILL: an interrupted task resumes from its last "
+            "checkpoint once its lease expires. Exits 1 if the cluster dies by itself.")
 
     def handle(self, *args, **options):
         stop = threading.Event()
@@ -45,7 +49,18 @@ class Command(BaseCommand):
         for sig in STOP_SIGNALS:
             signal.signal(sig, request_stop)
         connections.close_all()  # nothing held while the cluster runs
-        cluster = Child.start("qcluster", qcluster_command(), env=qcluster_environment())
+        # The flag that tells the cluster's workers to start no new step (engine/shutdown.py).
+        flags = tempfile.mkdtemp(prefix="pilot-workers.")
+        flag = os.path.join(flags, "stopping")
+        try:
+            cluster = Child.start("qcluster", qcluster_command(),
+                                  env={**qcluster_environment(), STOP_FLAG_ENV: flag})
+            self.supervise(cluster, stop, received, flag)
+        finally:
+            shutil.rmtree(flags, ignore_errors=True)
+
+    def supervise(self, cluster: Child, stop: threading.Event, received: list[int],
+                  flag: str) -> None:
         compacted = time.monotonic()
         while not stop.wait(0.2):
             if not cluster.alive:
@@ -55,7 +70,7 @@ class Command(BaseCommand):
                 compacted = time.monotonic()
                 metrics_compact()
         cluster_stop(cluster, grace=pilot_settings.PILOT_STOP_SECONDS,
-                     reason=signal.Signals(received[0]).name)
+                     reason=signal.Signals(received[0]).name, flag=flag)
 
 
 def metrics_compact() -> None:
@@ -91,16 +106,20 @@ def qcluster_environment() -> dict[str, str]:
     return env
 
 
-def cluster_stop(cluster: Child, *, grace: float, reason: str) -> bool:
+def cluster_stop(cluster: Child, *, grace: float, reason: str, flag: str | None = None) -> bool:
     """Stop `cluster` (a running qcluster in its own process group) within about
-    `grace` seconds: log what it is waiting for, SIGTERM the qcluster main
+    `grace` seconds: raise its workers' stop `flag` (they start no new step,
+    engine/shutdown.py), log what it is waiting for, SIGTERM the qcluster main
     process only (it then stops its sentinel, which lets the workers finish
-    their current tasks), and SIGKILL the whole group if it has not exited by
+    their current steps), and SIGKILL the whole group if it has not exited by
     then. True if it stopped by itself."""
     started = time.monotonic()
+    if flag:
+        stop_announce(flag)
     tasks = _in_flight(cluster.group())
-    log.info("%s: stopping the workers; %s (up to %s s)", reason, _waiting_for(tasks),
-             f"{grace:g}")
+    log.info("%s: stopping the workers; %s (up to %s s)%s", reason, _waiting_for(tasks),
+             f"{grace:g}", "; they start no new step: a task resumes at its next step on "
+             "the next start" if flag and tasks else "")
     cluster.terminate()
     if cluster.wait(started + grace):
         cluster.kill()  # leftovers of the group, if any
