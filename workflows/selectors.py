@@ -188,14 +188,23 @@ def counts_or_estimates(querysets, *, exact_up_to: int = EXACT_COUNT_UP_TO
 
     from workflows.database import estimated_rows
 
+    from django.core.exceptions import EmptyResultSet
+
     parts: list[str] = []
     params: list = []
     for queryset in querysets:
+        if queryset.query.is_empty():  # `.none()`, or a filter that can match nothing
+            parts.append("0")
+            continue
         ordering = queryset.query.order_by or queryset.model._meta.ordering or ["-pk"]
         # The ordering's own columns: an index-only scan where the index covers them.
         columns = [str(o).lstrip("-") for o in ordering]
         capped = queryset.order_by(*ordering).values(*columns)[:exact_up_to + 1]
-        sql, sql_params = capped.query.sql_with_params()
+        try:
+            sql, sql_params = capped.query.sql_with_params()
+        except EmptyResultSet:  # e.g. `pk__in=[]`: nothing to count
+            parts.append("0")
+            continue
         parts.append(f"(SELECT COUNT(*) FROM ({sql}) AS capped_{len(parts)})")
         params.extend(sql_params)
     with connection.cursor() as cursor:

@@ -18,7 +18,7 @@ from workflows.admin.text import count_text
 from workflows.models import Task
 from workflows.rules.fingerprint import fingerprint
 from workflows.rules.states import TaskState as S
-from workflows.selectors import task_counts_by_state
+from workflows.selectors import counts_or_estimates, task_counts_by_state
 
 pytestmark = pytest.mark.django_db
 
@@ -118,3 +118,14 @@ def test_past_the_cap_the_list_says_about(operator_client, owner, monkeypatch):
     html = operator_client.get(LIST_URL).content.decode()
     paginator = re.search(r'<p class="paginator">(.*?)</p>', html, re.S).group(1)
     assert re.search(r"about \d+ tasks", paginator), paginator
+
+
+def test_a_queryset_that_can_match_nothing_counts_zero_beside_one_that_counts(owner):
+    """`.none()` and `pk__in=[]` compile to no SQL at all (EmptyResultSet): they
+    count 0, exactly, in the same call as a queryset that does count."""
+    tasks_at(owner, 3)
+    with CaptureQueriesContext(connection) as queries:
+        answers = counts_or_estimates([Task.objects.none(), Task.objects.filter(pk__in=[]),
+                                       Task.objects.filter(owner=owner)])
+    assert answers == [(0, True), (0, True), (3, True)]
+    assert len(queries) == 1
