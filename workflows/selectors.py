@@ -184,11 +184,10 @@ def count_or_estimate(queryset, *, exact_up_to: int = EXACT_COUNT_UP_TO) -> tupl
 def counts_or_estimates(querysets, *, exact_up_to: int = EXACT_COUNT_UP_TO
                         ) -> list[tuple[int, bool]]:
     """`count_or_estimate` of each queryset, the capped counts in one query."""
+    from django.core.exceptions import EmptyResultSet
     from django.db import connection
 
     from workflows.database import estimated_rows
-
-    from django.core.exceptions import EmptyResultSet
 
     parts: list[str] = []
     params: list = []
