@@ -58,6 +58,23 @@ def viewer_client(viewer):
     return client
 
 
+@pytest.fixture
+def resender(django_user_model):
+    user = _staff(django_user_model, "resender", perms=(
+        "view_task", "view_all_tasks", "resend_webhook"))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def looker(django_user_model):
+    user = _staff(django_user_model, "looker", perms=("view_task", "view_all_tasks"))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
 def task_url(task, suffix: str = "change/") -> str:
     return f"/admin/workflows/task/{task.pk}/{suffix}"
 

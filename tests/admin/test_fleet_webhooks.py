@@ -29,23 +29,6 @@ def _fast(settings):
     settings.PILOT_WEBHOOK_FIRST_RETRY_SECONDS = 30  # one failed attempt, then it waits
 
 
-@pytest.fixture
-def resender(django_user_model):
-    user = _staff(django_user_model, "resender", perms=(
-        "view_task", "view_all_tasks", "resend_webhook"))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
-def looker(django_user_model):
-    user = _staff(django_user_model, "looker", perms=("view_task", "view_all_tasks"))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def attempted(owner, url, key, n_attempts=1):
     """A task whose delivery to `url` was attempted `n_attempts` time(s)."""
     task = task_trigger(owner=owner, key=key, workflow="demo.echo", payload={},

@@ -12,7 +12,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 from django.test import Client
 
-from tests.admin.conftest import _staff, task_url
+from tests.admin.conftest import task_url
 from tests.factories import make_task
 from tests.support.helpers import drain, purge_queue, queued_webhooks
 from tests.webhooks.receiver import Receiver
@@ -29,23 +29,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _fast(settings):
     settings.PILOT_WEBHOOK_ALLOW_PRIVATE = True
     settings.PILOT_WEBHOOK_FIRST_RETRY_SECONDS = 0.05
-
-
-@pytest.fixture
-def resender(django_user_model):
-    user = _staff(django_user_model, "resender", perms=(
-        "view_task", "view_all_tasks", "resend_webhook"))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
-def looker(django_user_model):
-    user = _staff(django_user_model, "looker", perms=("view_task", "view_all_tasks"))
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def delivered_task(owner, receiver):
