@@ -29,6 +29,8 @@ import argparse
 import os
 import statistics
 import time
+from datetime import timedelta
+from urllib.parse import quote
 
 from bench.common import OUT, db_url, emit_result
 from bench.common import log as say
@@ -202,6 +204,7 @@ def main() -> None:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.test import Client
+    from django.utils import timezone
 
     logging.getLogger("pilot.events").setLevel(logging.WARNING)
     call_command("migrate", interactive=False, verbosity=0)
@@ -222,11 +225,15 @@ def main() -> None:
     typical = Task.objects.filter(state="failed").order_by("-created_at").values_list(
         "pk", flat=True).first()
     base = "/admin/workflows/task/"
+    hour_ago = quote((timezone.now() - timedelta(hours=1)).isoformat())
     pages = {
         "task list (newest first)": base,
         "task list, running": f"{base}?state__exact=running",
         "task list, failed demo.saga": f"{base}?state__exact=failed&workflow=demo.saga",
         "task list, key search": f"{base}?q=bench-4242",
+        "task list, payload search": f"{base}?q=payload.i%3D4242",
+        "task list, error search": f"{base}?q=error%3Abatch+4242",
+        "task list, finished in the last hour": f"{base}?finished_at__gte={hour_ago}",
         "task page (3 steps)": f"{base}{typical}/change/",
         "task page (50 steps, 150 transitions)": f"{base}{long_id}/change/",
         "dashboard": f"{base}dashboard/",
@@ -234,6 +241,8 @@ def main() -> None:
         "live update of a task page": f"{base}live/?view=task&id={long_id}",
         "live update of the dashboard": f"{base}live/?view=dashboard",
         "workflows page": f"{base}workflows/",
+        "webhook deliveries, failing": "/admin/workflows/webhookdelivery/?health=failing",
+        "schedules": "/admin/workflows/pilotschedule/",
         "baseline: Django's admin list of users": "/admin/auth/user/",
     }
     results = {}

@@ -55,9 +55,14 @@ def test_retries_run_on_time_though_the_worker_and_dispatcher_clocks_disagree(ow
                 due = scheduled.at + _delay(scheduled.reason)
                 lateness.append((claimed.at - due).total_seconds())
     assert len(lateness) == 10
-    # never early: the audit row's reason gives the delay to the millisecond, so
-    # `due` read back from it may be up to half a millisecond after the real one
-    assert min(lateness) >= -0.0005, lateness
+    # Never early. Read back from the audit, `claimed.at - due` is exact only to a few
+    # milliseconds: the reason gives the delay to the millisecond (half a millisecond),
+    # and a claim's audit row carries its statement's start while the claim tests the
+    # due time by the clock after it has locked the row (engine/store/sql.py, `claim`),
+    # so a claim that waited for the lock reads up to that wait early — 1.1 ms seen on
+    # a loaded machine. An early claim this test guards against would be early by the
+    # skew, 2 s.
+    assert min(lateness) >= -0.005, lateness
     assert max(lateness) <= POLL + SLACK, lateness  # never a skew (or 10 s) late
 
 
