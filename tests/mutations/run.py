@@ -489,6 +489,33 @@ MUTANTS = (
          "test_a_resend_moves_the_claim_on_so_a_stale_senders_late_outcome_is_refused",),
         promise="webhooks", ci=False,
     ),    Mutant(
+        "stopping-worker-starts-the-next-step",
+        "a step that ends while the workers are stopping starts the next step instead of "
+        "releasing its task (the stop's grace runs new steps, which the SIGKILL then cuts "
+        "off, and the task waits out its lease)",
+        "workflows/engine/run/forward.py",
+        (("        self.released = following is not None and stopping\n",
+          "        self.released = False\n"),),
+        ("tests/engine/test_shutdown.py::"
+         "test_a_step_done_while_stopping_releases_the_task_and_the_next_run_resumes_after_it",),
+        promise="crash", ci=False,
+    ),
+    Mutant(
+        "release-spends-an-attempt",
+        "a released task's resumption spends an attempt of its budget (a stop costs the "
+        "task an attempt it did not lose)",
+        "workflows/models/task.py",
+        (("        self._release_lease()\n        self.max_attempts += 1\n"
+          "        self.next_attempt_at = now\n        self.enqueued_at = None\n\n"
+          "    @transition(field=state, source=S.WAITING, target=S.PENDING)\n",
+          "        self._release_lease()\n"
+          "        self.next_attempt_at = now\n        self.enqueued_at = None\n\n"
+          "    @transition(field=state, source=S.WAITING, target=S.PENDING)\n"),),
+        ("tests/engine/test_shutdown.py::"
+         "test_a_step_done_while_stopping_releases_the_task_and_the_next_run_resumes_after_it",),
+        promise="crash", ci=False,
+    ),
+    Mutant(
         "children-started-unfenced",
         "a step starts its children without holding the parent's row under its fence (a "
         "worker that lost the task still starts them)",
